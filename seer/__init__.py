@@ -1,0 +1,3 @@
+"""Seer: synchronous, strictly on-policy RL rollout without the long tail."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,127 @@
+"""Typed records that cross the rollout boundary.
+
+Every part of Seer (baseline dispatch, the divided-rollout scheduler, rewards, the trainer,
+benchmarks) exchanges these records, so they are plain dataclasses with no behaviour beyond
+derived properties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings shared by every request of an iteration."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 1024
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One token-in request to one instance (a whole request, or one chunk of it)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    logprobs: bool = True
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What an instance returned for one GenerateRequest."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS / stop token), "length" (max_tokens), "abort"
+    cached_prefix_tokens: int  # prompt tokens the instance did not recompute
+    prompt_tokens: int
+    instance: str
+    start_time: float
+    finish_time: float
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One prompt of the dataset: a GRPO group is G samples of it."""
+
+    index: int
+    text: str
+    prompt_ids: list[int]
+    reference: dict  # whatever the reward function needs (answer, metadata); never shown to the model
+
+
+@dataclass
+class Sample:
+    """One finished response of a group, with everything training and stats need."""
+
+    group_id: int
+    sample_index: int  # 0..G-1 within the group
+    request_id: str
+    prompt: PromptSpec
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    start_time: float
+    finish_time: float
+    instances: list[str]  # instance of each chunk, in order (one entry for whole-request dispatch)
+    weight_version: int = 0
+    response_text: str = ""
+    reward: float | None = None
+    reward_error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class InstanceStats:
+    """Per-instance accounting over one iteration."""
+
+    name: str
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    output_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def idle_fraction(self) -> float:
+        total = self.busy_s + self.idle_s
+        return self.idle_s / total if total > 0 else 0.0
+
+
+@dataclass
+class IterationStats:
+    """What an iteration's rollout costs: the numbers Seer is judged on."""
+
+    iteration: int
+    policy: str
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    tail_s: float  # time spent only on the last 10% of requests to finish
+    num_samples: int
+    preemptions: int
+    instances: list[InstanceStats] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class RolloutBatch:
+    """All samples of one iteration, grouped, plus the iteration's stats."""
+
+    samples: list[Sample]
+    stats: IterationStats
+
+    def groups(self) -> dict[int, list[Sample]]:
+        out: dict[int, list[Sample]] = {}
+        for s in sorted(self.samples, key=lambda s: (s.group_id, s.sample_index)):
+            out.setdefault(s.group_id, []).append(s)
+        return out
