@@ -1,0 +1,41 @@
+"""How one request is cut into chunks: the size of the next chunk, its id and its seed.
+
+Divided rollout bounds every dispatch by `chunk_size`, so a request never holds more KV than
+its context plus one chunk before it comes back to the scheduler; that bound is what makes
+KV-budgeted admission (and migration between instances) possible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def chunk_max_tokens(chunk_size: int | None, max_tokens: int, generated: int) -> int:
+    """`min(chunk_size, max_tokens - generated)`; `None` means the whole remainder (no chunking)."""
+    remaining = max_tokens - generated
+    if remaining <= 0:
+        raise ValueError(f"request already has {generated} of {max_tokens} tokens")
+    if chunk_size is None:
+        return remaining
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    return min(chunk_size, remaining)
+
+
+def chunk_request_id(request_id: str, chunk_index: int) -> str:
+    """Instances see one id per chunk, so an abort or a retry never hits another chunk."""
+    return f"{request_id}-c{chunk_index}"
+
+
+def chunk_seed(base_seed: int | None, request_id: str, chunk_index: int) -> int | None:
+    """A seed that depends only on (base seed, request, chunk index).
+
+    Which instance a chunk lands on, and in which order chunks run, depend on timing; the seed
+    must not, or a rerun of the same iteration would sample different tokens.
+    """
+    if base_seed is None:
+        return None
+    digest = hashlib.blake2b(
+        f"{base_seed}/{request_id}/{chunk_index}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF  # engines take a signed 32-bit seed

@@ -1,0 +1,54 @@
+"""The `scheduler.*` settings of a run, and the policy they build."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from seer.scheduler.placement import PlacementConfig
+from seer.scheduler.policies import LengthKey, Policy, make_policy
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "context"  # group_rr | divided | context | oracle_lfs
+    chunk_size: int = 8192  # tokens per chunk (ignored by group_rr, which never chunks)
+    kv_budget_fraction: float = 0.95
+    block_size: int = 16
+    affinity_gap_tokens: int = 512
+    max_running: int | None = None  # per instance; the only admission bound if KV capacity is unknown
+    kv_capacity_tokens: int | None = None  # overrides the capacity instances report
+    starvation_after: int = 512  # context: dispatches a ready request may be passed over
+    starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
+    telemetry_interval_s: float = 0.5
+    max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails
+
+    @classmethod
+    def from_mapping(cls, values: Mapping) -> SchedulerConfig:
+        """From the config's `scheduler:` section; unknown keys are an error, not a silent no-op."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown scheduler settings {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @property
+    def placement(self) -> PlacementConfig:
+        return PlacementConfig(
+            kv_budget_fraction=self.kv_budget_fraction,
+            block_size=self.block_size,
+            affinity_gap_tokens=self.affinity_gap_tokens,
+            max_running=self.max_running,
+        )
+
+    def build_policy(self, true_lengths: Mapping[LengthKey, int] | None = None) -> Policy:
+        params = {}
+        if self.policy == "context":
+            params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every}
+        return make_policy(
+            self.policy,
+            chunk_size=self.chunk_size,
+            placement=self.placement,
+            true_lengths=true_lengths,
+            **params,
+        )

@@ -1,0 +1,232 @@
+"""The synchronous core of a rollout: buffer + policy + instance loads, advanced one event at a time.
+
+The async driver wraps it around real instances; a discrete-event simulator can drive it
+directly on virtual time. Either way the same bookkeeping and the same policy code run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from seer.rollout.backend import Telemetry
+from seer.rollout.types import GenerateRequest, GenerateResult, PromptSpec, Sample, SamplingParams
+from seer.scheduler.buffer import Request, RequestBuffer, RequestStatus
+from seer.scheduler.chunks import chunk_request_id, chunk_seed
+from seer.scheduler.decisions import Decision, Dispatch
+from seer.scheduler.events import ChunkEvent
+from seer.scheduler.placement import InstanceLoad
+from seer.scheduler.policies import Policy
+
+
+class RolloutError(RuntimeError):
+    """The rollout cannot finish (a request keeps failing, or nothing can ever be dispatched)."""
+
+
+@dataclass(frozen=True)
+class ChunkTicket:
+    """A chunk in flight: what was sent where, and what it reserved."""
+
+    request: Request
+    chunk_index: int
+    instance: str
+    reason: str
+    max_tokens: int
+    kv_tokens: int
+    migrated: bool
+    dispatch_time: float
+    generate: GenerateRequest
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        prompts: Sequence[PromptSpec],
+        group_size: int,
+        sampling: SamplingParams,
+        policy: Policy,
+        instances: Sequence[str],
+        *,
+        weight_version: int = 0,
+        request_id_prefix: str = "",
+        kv_capacity_tokens: int | None = None,
+        max_chunk_retries: int = 3,
+    ) -> None:
+        """`sampling.max_tokens` is each request's length limit; `sampling.seed`, when set, is the
+        base of every chunk's seed. `kv_capacity_tokens` overrides what telemetry reports."""
+        if not instances or len(set(instances)) != len(instances):
+            raise ValueError(f"need distinct instance names, got {list(instances)}")
+        self.buffer = RequestBuffer(prompts, group_size, sampling.max_tokens, request_id_prefix)
+        self.sampling = sampling
+        self.policy = policy
+        self.weight_version = weight_version
+        self.max_chunk_retries = max_chunk_retries
+        self._capacity_override = kv_capacity_tokens
+        self.loads = [
+            InstanceLoad(name, i, capacity_tokens=kv_capacity_tokens or 0) for i, name in enumerate(instances)
+        ]
+        self._load_of = {load.name: load for load in self.loads}
+        self.events: list[ChunkEvent] = []
+        self.samples: list[Sample] = []
+        self.output_tokens = 0
+        for req in self.buffer.ready():
+            policy.on_ready(req)
+
+    @property
+    def done(self) -> bool:
+        return self.buffer.done
+
+    @property
+    def running(self) -> int:
+        return self.buffer.num_running
+
+    def observe(self, t: Telemetry) -> None:
+        """Fold an instance's telemetry into its load (capacity, usage, preemptions)."""
+        load = self._load_of.get(t.instance)
+        if load is None:
+            return
+        if self._capacity_override is None and t.kv_capacity_tokens > 0:
+            load.capacity_tokens = t.kv_capacity_tokens
+        load.kv_usage = t.kv_usage
+        load.preemptions_total = t.preemptions_total
+
+    def next_decision(self) -> Decision:
+        return self.policy.pick(self.loads)
+
+    def start(self, d: Dispatch, now: float) -> ChunkTicket:
+        """Carry out a dispatch: book the KV, mark the request running, build the engine request."""
+        req = d.request
+        prev = req.last_instance
+        prompt = req.next_prompt()  # before begin_chunk: the prompt is everything so far
+        chunk_index = self.buffer.begin_chunk(req, d.instance, now)
+        load = self._load_of[d.instance]
+        load.reserved_tokens += d.kv_tokens
+        load.running += 1
+        self.policy.on_dispatched(d)
+        # A retried chunk keeps its index (hence its seed) but needs a fresh id on the engine.
+        chunk_id = chunk_request_id(req.request_id, chunk_index)
+        if req.failures:
+            chunk_id += f"-r{req.failures}"
+        sampling = replace(
+            self.sampling,
+            max_tokens=d.max_tokens,
+            seed=chunk_seed(self.sampling.seed, req.request_id, chunk_index),
+        )
+        return ChunkTicket(
+            request=req,
+            chunk_index=chunk_index,
+            instance=d.instance,
+            reason=d.reason,
+            max_tokens=d.max_tokens,
+            kv_tokens=d.kv_tokens,
+            migrated=prev is not None and prev != d.instance,
+            dispatch_time=now,
+            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling),
+        )
+
+    def _release(self, ticket: ChunkTicket) -> None:
+        load = self._load_of[ticket.instance]
+        load.reserved_tokens -= ticket.kv_tokens
+        load.running -= 1
+
+    def complete(self, ticket: ChunkTicket, result: GenerateResult, now: float) -> Sample | None:
+        """Feed a chunk's result back; returns the Sample when its request just finished.
+
+        An aborted chunk keeps whatever tokens it produced (they are valid samples of the same
+        weights) and counts as a failure, so an engine that aborts forever fails the rollout.
+        """
+        self._release(ticket)
+        req = ticket.request
+        if len(result.token_ids) > ticket.max_tokens:
+            raise RolloutError(
+                f"{result.request_id}: engine returned {len(result.token_ids)} tokens for max_tokens={ticket.max_tokens}"
+            )
+        finished = self.buffer.end_chunk(req, result.token_ids, result.logprobs, result.finish_reason, now)
+        self.output_tokens += len(result.token_ids)
+        self.events.append(
+            ChunkEvent(
+                request_id=req.request_id,
+                chunk_id=ticket.generate.request_id,
+                group_id=req.group_id,
+                sample_index=req.sample_index,
+                chunk_index=ticket.chunk_index,
+                instance=ticket.instance,
+                reason=ticket.reason,
+                max_tokens=ticket.max_tokens,
+                kv_tokens=ticket.kv_tokens,
+                prompt_tokens=len(ticket.generate.prompt_ids),
+                cached_prefix_tokens=result.cached_prefix_tokens,
+                new_tokens=len(result.token_ids),
+                finish_reason=result.finish_reason,
+                migrated=ticket.migrated,
+                dispatch_time=ticket.dispatch_time,
+                complete_time=now,
+                engine_start_time=result.start_time,
+                engine_finish_time=result.finish_time,
+                request_finished=finished,
+            )
+        )
+        if finished:
+            self.policy.on_finished(req)
+            sample = self._sample(req)
+            self.samples.append(sample)
+            return sample
+        if result.finish_reason == "abort":
+            self._count_failure(req, f"aborted on {ticket.instance}")
+        self.policy.on_ready(req)
+        return None
+
+    def fail(self, ticket: ChunkTicket, error: BaseException, now: float) -> None:
+        """A chunk raised instead of returning: free its KV and put the request back as it was."""
+        self._release(ticket)
+        req = ticket.request
+        self.buffer.requeue(req, now)
+        self.events.append(
+            ChunkEvent(
+                request_id=req.request_id,
+                chunk_id=ticket.generate.request_id,
+                group_id=req.group_id,
+                sample_index=req.sample_index,
+                chunk_index=ticket.chunk_index,
+                instance=ticket.instance,
+                reason=ticket.reason,
+                max_tokens=ticket.max_tokens,
+                kv_tokens=ticket.kv_tokens,
+                prompt_tokens=len(ticket.generate.prompt_ids),
+                cached_prefix_tokens=0,
+                new_tokens=0,
+                finish_reason="error",
+                migrated=ticket.migrated,
+                dispatch_time=ticket.dispatch_time,
+                complete_time=now,
+                engine_start_time=ticket.dispatch_time,
+                engine_finish_time=now,
+                request_finished=False,
+            )
+        )
+        if req.failures > self.max_chunk_retries:
+            raise RolloutError(
+                f"{req.request_id} failed {req.failures} times; last on {ticket.instance}: {error!r}"
+            ) from error
+        self.policy.on_ready(req)
+
+    def _count_failure(self, req: Request, what: str) -> None:
+        req.failures += 1
+        if req.failures > self.max_chunk_retries:
+            raise RolloutError(f"{req.request_id} failed {req.failures} times; last {what}")
+
+    def _sample(self, req: Request) -> Sample:
+        assert req.status is RequestStatus.FINISHED
+        return Sample(
+            group_id=req.group_id,
+            sample_index=req.sample_index,
+            request_id=req.request_id,
+            prompt=self.buffer.groups[req.group_id].prompt,
+            response_ids=list(req.generated_ids),
+            logprobs=list(req.logprobs),
+            finish_reason=req.finish_reason or "length",
+            start_time=req.first_start if req.first_start is not None else 0.0,
+            finish_time=req.last_finish if req.last_finish is not None else 0.0,
+            instances=list(req.instances),
+            weight_version=self.weight_version,
+        )

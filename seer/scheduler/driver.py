@@ -1,0 +1,214 @@
+"""The async rollout driver: runs a policy against live instances until every request is done.
+
+It owns only the concurrency: chunks in flight as tasks, telemetry polled in the background,
+callbacks. Every decision and every piece of bookkeeping is the synchronous Dispatcher's, so a
+simulator that implements InstanceBackend (or drives the Dispatcher on virtual time) measures
+exactly what runs for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from seer.rollout.backend import InstanceBackend, Telemetry
+from seer.rollout.types import PromptSpec, Sample, SamplingParams
+from seer.scheduler.config import SchedulerConfig
+from seer.scheduler.decisions import Wait
+from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
+from seer.scheduler.events import ChunkEvent, Progress
+from seer.scheduler.policies import LengthKey
+
+SampleCallback = Callable[[Sample], Awaitable[None] | None]
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass
+class RolloutResult:
+    """Everything one iteration's rollout produced, raw; stats are derived from it."""
+
+    policy: str
+    samples: list[Sample]  # one per request, ordered by (group_id, sample_index)
+    chunks: list[ChunkEvent]
+    telemetry: list[Telemetry]  # sampled per instance over the run
+    start_time: float  # driver clock
+    end_time: float
+    policy_summary: dict = field(default_factory=dict)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end_time - self.start_time
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+    def chunk_summary(self) -> dict:
+        """The per-iteration counters issue 4 asks for (chunks, migrations, prefix reuse, probes)."""
+        ok = [c for c in self.chunks if c.finish_reason != "error"]
+        moved = [c for c in ok if c.migrated]
+        probe_ends = [c.complete_time for c in ok if c.reason == "probe" and c.request_finished]
+        return {
+            "chunks_dispatched": len(self.chunks),
+            "chunks_failed": len(self.chunks) - len(ok),
+            "chunks_migrated": len(moved),
+            "prefix_tokens_cached": sum(c.cached_prefix_tokens for c in ok),
+            "prefix_tokens_recomputed": sum(c.recomputed_prefix_tokens for c in ok),
+            "migrated_prefix_tokens_cached": sum(c.cached_prefix_tokens for c in moved),
+            "migrated_prefix_tokens": sum(c.prompt_tokens for c in moved),
+            "probe_phase_s": (max(probe_ends) - self.start_time) if probe_ends else None,
+        }
+
+    def preemptions(self) -> dict[str, int]:
+        """Preemptions per instance during the run, from the first and last telemetry samples."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for t in self.telemetry:
+            first.setdefault(t.instance, t.preemptions_total)
+            last[t.instance] = t.preemptions_total
+        return {name: last[name] - first[name] for name in first}
+
+
+class RolloutDriver:
+    """Runs iterations of rollout over a fixed set of instances.
+
+    Usage (one call per iteration; the policy is rebuilt each time, it holds per-iteration state):
+
+        driver = RolloutDriver(backends, SchedulerConfig(policy="context", chunk_size=8192))
+        result = await driver.run(prompts, group_size=8, sampling=SamplingParams(max_tokens=..., seed=...),
+                                  weight_version=i, request_id_prefix=f"it{i}-",
+                                  on_sample_finished=reward_queue.put_nowait)
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[InstanceBackend],
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        telemetry_timeout_s: float = 5.0,
+    ) -> None:
+        if not backends:
+            raise ValueError("need at least one instance")
+        self.backends = {b.name: b for b in backends}
+        if len(self.backends) != len(backends):
+            raise ValueError("instance names must be distinct")
+        self.config = config or SchedulerConfig()
+        self.clock = clock
+        self.telemetry_timeout_s = telemetry_timeout_s
+
+    async def run(
+        self,
+        prompts: Sequence[PromptSpec],
+        *,
+        group_size: int,
+        sampling: SamplingParams,
+        weight_version: int = 0,
+        request_id_prefix: str = "",
+        true_lengths: Mapping[LengthKey, int] | None = None,
+        on_sample_finished: SampleCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> RolloutResult:
+        """Generate `group_size` samples of every prompt; returns when all are finished.
+
+        `on_sample_finished` is called as each sample finishes (rewards can start at once); if it
+        returns an awaitable, that runs as a task and is awaited before run returns.
+        `true_lengths` is for the oracle_lfs benchmark policy only.
+        """
+        policy = self.config.build_policy(true_lengths)
+        disp = Dispatcher(
+            prompts,
+            group_size,
+            sampling,
+            policy,
+            list(self.backends),
+            weight_version=weight_version,
+            request_id_prefix=request_id_prefix,
+            kv_capacity_tokens=self.config.kv_capacity_tokens,
+            max_chunk_retries=self.config.max_chunk_retries,
+        )
+        timeline: list[Telemetry] = []
+        await self._poll_telemetry(disp, timeline)  # capacities before the first decision
+        start = self.clock()
+        pending: dict[asyncio.Task, ChunkTicket] = {}
+        callbacks: list[asyncio.Task] = []
+        poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
+        try:
+            while not disp.done:
+                while True:
+                    decision = disp.next_decision()
+                    if isinstance(decision, Wait):
+                        break
+                    ticket = disp.start(decision, self.clock())
+                    task = asyncio.create_task(self.backends[ticket.instance].generate(ticket.generate))
+                    pending[task] = ticket
+                if not pending:
+                    raise RolloutError(f"{len(disp.buffer) - disp.buffer.num_finished} requests left but nothing dispatchable")
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
+                for task in sorted(done, key=lambda t: pending[t].request.seq):
+                    ticket = pending.pop(task)
+                    now = self.clock()
+                    if task.exception() is not None:
+                        disp.fail(ticket, task.exception(), now)
+                        continue
+                    sample = disp.complete(ticket, task.result(), now)
+                    if sample is not None and on_sample_finished is not None:
+                        out = on_sample_finished(sample)
+                        if inspect.isawaitable(out):
+                            callbacks.append(asyncio.ensure_future(out))
+                if on_progress is not None:
+                    on_progress(
+                        Progress(disp.buffer.num_finished, len(disp.buffer), len(pending),
+                                 disp.output_tokens, self.clock() - start)
+                    )
+            end = self.clock()
+            if callbacks:
+                await asyncio.gather(*callbacks)
+        finally:
+            poller.cancel()
+            await self._abort(pending)
+            for cb in callbacks:
+                cb.cancel()
+        await self._poll_telemetry(disp, timeline)  # closing sample: preemption deltas cover the run
+        return RolloutResult(
+            policy=policy.name,
+            samples=sorted(disp.samples, key=lambda s: (s.group_id, s.sample_index)),
+            chunks=list(disp.events),
+            telemetry=timeline,
+            start_time=start,
+            end_time=end,
+            policy_summary=policy.summary(),
+        )
+
+    async def _poll_telemetry(self, disp: Dispatcher, timeline: list[Telemetry]) -> None:
+        """One telemetry sample of every instance; an instance that does not answer keeps its last."""
+        results = await asyncio.gather(
+            *(asyncio.wait_for(b.telemetry(), self.telemetry_timeout_s) for b in self.backends.values()),
+            return_exceptions=True,
+        )
+        for t in results:
+            if isinstance(t, Telemetry):
+                disp.observe(t)
+                timeline.append(t)
+
+    async def _telemetry_loop(self, disp: Dispatcher, timeline: list[Telemetry]) -> None:
+        while True:
+            await asyncio.sleep(self.config.telemetry_interval_s)
+            await self._poll_telemetry(disp, timeline)
+
+    async def _abort(self, pending: dict[asyncio.Task, ChunkTicket]) -> None:
+        """On error or cancellation, stop chunks still running so instances do not keep generating."""
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(
+            *(self.backends[t.instance].abort(t.generate.request_id) for t in pending.values()),
+            *pending,
+            return_exceptions=True,
+        )
+        pending.clear()

@@ -1,0 +1,43 @@
+"""Records the dispatcher emits: one per chunk, and progress snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChunkEvent:
+    """One chunk's life: where it ran, when, what it produced, and whether it moved."""
+
+    request_id: str
+    chunk_id: str
+    group_id: int
+    sample_index: int
+    chunk_index: int
+    instance: str
+    reason: str  # the policy rule that chose it
+    max_tokens: int
+    kv_tokens: int  # KV reserved for it
+    prompt_tokens: int
+    cached_prefix_tokens: int  # prompt tokens the instance did not recompute (local cache or pool)
+    new_tokens: int
+    finish_reason: str  # the engine's ("stop", "length", "abort"), or "error"
+    migrated: bool  # ran on another instance than the request's previous chunk
+    dispatch_time: float  # scheduler clock
+    complete_time: float  # scheduler clock
+    engine_start_time: float  # the engine's own timestamps (its clock)
+    engine_finish_time: float
+    request_finished: bool
+
+    @property
+    def recomputed_prefix_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_prefix_tokens
+
+
+@dataclass(frozen=True)
+class Progress:
+    finished: int
+    total: int
+    running_chunks: int
+    output_tokens: int
+    elapsed_s: float

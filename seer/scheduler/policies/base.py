@@ -1,0 +1,55 @@
+"""The contract every scheduling policy meets, and the dispatch step they share.
+
+A policy is plain synchronous code over the request buffer's state: the dispatcher tells it
+when a request becomes ready, is dispatched or finishes, and asks it for one decision at a time.
+No I/O and no asyncio, so the async driver and a discrete-event simulator run the same code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from seer.scheduler.buffer import Request
+from seer.scheduler.chunks import chunk_max_tokens
+from seer.scheduler.decisions import Decision, Dispatch, Wait
+from seer.scheduler.placement import InstanceLoad, PlacementConfig, choose_instance, kv_reservation
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None) -> None:
+        if chunk_size is not None and chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive or None, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.placement = placement or PlacementConfig()
+
+    @abstractmethod
+    def on_ready(self, req: Request) -> None:
+        """`req` waits for its next chunk: new, or back after a non-final chunk or a failure."""
+
+    @abstractmethod
+    def on_dispatched(self, decision: Dispatch) -> None:
+        """`decision` (this policy's last pick) was carried out: its request is in flight."""
+
+    def on_finished(self, req: Request) -> None:
+        """`req` reached EOS or its length limit (its length is now known to the system)."""
+
+    @abstractmethod
+    def pick(self, loads: Sequence[InstanceLoad]) -> Decision:
+        """The next decision; must not change state (on_dispatched does that)."""
+
+    def summary(self) -> dict:
+        """Policy-specific numbers for the iteration's stats."""
+        return {}
+
+    def place(self, req: Request, loads: Sequence[InstanceLoad], reason: str) -> Decision:
+        """Size `req`'s next chunk and find it an instance within the KV budget, or wait."""
+        max_tokens = chunk_max_tokens(self.chunk_size, req.max_tokens, req.generated)
+        need = kv_reservation(req.context_len, max_tokens, self.placement)
+        load = choose_instance(loads, need, req.last_instance, self.placement)
+        if load is None:
+            return Wait("kv_full")
+        return Dispatch(req, load.name, max_tokens, need, reason)

@@ -1,0 +1,145 @@
+"""Seer's context-aware scheduling (Algorithm 2 of the paper).
+
+Responses of one group have strongly correlated lengths, so the first finished response of a
+group predicts the rest. One probe request per group runs first, shortest-generated first, so
+that short groups reveal their length quickly; every other request is ordered by its group's
+estimate L_g, longest first (approximate longest-first without knowing lengths). A group with
+nothing finished is estimated at the maximum length, so an unknown group is never put behind
+known short ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from seer.scheduler.buffer import Request
+from seer.scheduler.decisions import Decision, Dispatch, Wait
+from seer.scheduler.placement import InstanceLoad, PlacementConfig
+from seer.scheduler.policies.base import Policy
+from seer.scheduler.policies.index import PriorityIndex
+
+
+class ContextAware(Policy):
+    name = "context"
+
+    def __init__(
+        self,
+        chunk_size: int | None = 8192,
+        placement: PlacementConfig | None = None,
+        starvation_after: int = 512,
+        starvation_every: int = 16,
+        probe_index: int = 0,
+    ) -> None:
+        """Starvation guard: at most every `starvation_every`-th dispatch goes to the request that
+        has waited longest, once it has been passed over by `starvation_after` dispatches.
+
+        Serving every starving request at once would turn the policy into FIFO whenever many
+        requests are ready (as at the start of an iteration); rationing the guard bounds every
+        request's wait while keeping most dispatches longest-first.
+        """
+        super().__init__(chunk_size, placement)
+        if starvation_after <= 0 or starvation_every <= 0:
+            raise ValueError("starvation_after and starvation_every must be positive")
+        self.starvation_after = starvation_after
+        self.starvation_every = starvation_every
+        self._last_guard = -starvation_every
+        self.probe_index = probe_index
+        self._probes = PriorityIndex()  # key: (generated,) -> shortest generated first
+        self._low = PriorityIndex()  # key: (-L_g, generated) -> largest group estimate first
+        self._waiting = PriorityIndex()  # key: (dispatch count when it became ready,)
+        self._low_members: dict[int, set[Request]] = {}
+        self._longest_finished: dict[int, int] = {}
+        self._longest_generated: dict[int, int] = {}
+        self._max_tokens: dict[int, int] = {}
+        self._dispatches = 0
+        self._by_reason: dict[str, int] = {}
+        self._estimate_at_first_use: dict[int, tuple[int, bool]] = {}  # group -> (L_g, known)
+
+    # -- the estimate ------------------------------------------------------------------------
+
+    def estimate(self, group_id: int) -> int:
+        """L_g: the longest finished response, raised to any longer partial one (conservative);
+        the maximum length while nothing in the group has finished."""
+        finished = self._longest_finished.get(group_id)
+        if finished is None:
+            return self._max_tokens[group_id]
+        return max(finished, self._longest_generated.get(group_id, 0))
+
+    def is_probe(self, req: Request) -> bool:
+        return req.sample_index == self.probe_index
+
+    def _low_key(self, req: Request) -> tuple:
+        return (-self.estimate(req.group_id), req.generated)
+
+    def _rekey_group(self, group_id: int) -> None:
+        for member in self._low_members.get(group_id, ()):
+            self._low.rekey(member, self._low_key(member))
+
+    def _observe(self, req: Request) -> None:
+        g = req.group_id
+        self._max_tokens.setdefault(g, req.max_tokens)
+        if req.generated > self._longest_generated.get(g, 0):
+            self._longest_generated[g] = req.generated
+            if g in self._longest_finished:
+                self._rekey_group(g)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def on_ready(self, req: Request) -> None:
+        self._observe(req)
+        if self.is_probe(req):
+            self._probes.add(req, (req.generated,))
+        else:
+            self._low.add(req, self._low_key(req))
+            self._low_members.setdefault(req.group_id, set()).add(req)
+        self._waiting.add(req, (self._dispatches,))
+
+    def on_dispatched(self, decision: Dispatch) -> None:
+        req = decision.request
+        self._probes.discard(req)
+        if self._low.discard(req):
+            self._low_members[req.group_id].discard(req)
+            if req.group_id not in self._estimate_at_first_use:
+                known = req.group_id in self._longest_finished
+                self._estimate_at_first_use[req.group_id] = (self.estimate(req.group_id), known)
+        self._waiting.discard(req)
+        if decision.reason == "starvation":
+            self._last_guard = self._dispatches
+        self._dispatches += 1
+        self._by_reason[decision.reason] = self._by_reason.get(decision.reason, 0) + 1
+
+    def on_finished(self, req: Request) -> None:
+        self._observe(req)
+        g = req.group_id
+        if req.generated > self._longest_finished.get(g, -1):
+            self._longest_finished[g] = req.generated
+            self._rekey_group(g)
+
+    # -- the decision ------------------------------------------------------------------------
+
+    def pick(self, loads: Sequence[InstanceLoad]) -> Decision:
+        oldest = self._waiting.peek()
+        if oldest is None:
+            return Wait("idle")
+        if (
+            self._dispatches - self._last_guard >= self.starvation_every
+            and self._dispatches - self._waiting.peek_key()[0] >= self.starvation_after
+        ):
+            return self.place(oldest, loads, "starvation")
+        probe = self._probes.peek()
+        if probe is not None:
+            return self.place(probe, loads, "probe")
+        return self.place(self._low.peek(), loads, "longest")
+
+    def summary(self) -> dict:
+        errors = []
+        for g, (est, known) in self._estimate_at_first_use.items():
+            final = self._longest_finished.get(g)
+            if known and final:
+                errors.append(abs(est - final) / final)
+        return {
+            "dispatches_by_reason": dict(self._by_reason),
+            "groups_estimated_before_first_use": sum(k for _, k in self._estimate_at_first_use.values()),
+            "groups": len(self._max_tokens),
+            "mean_relative_estimate_error": sum(errors) / len(errors) if errors else None,
+        }
