@@ -1,0 +1,54 @@
+"""Write the trainer's weights as a HF checkpoint directory that vLLM and transformers load.
+
+The directory is the source checkpoint's with new weights: config.json (dtype updated), tokenizer
+and generation files copied over, and one ``model.safetensors``. Files are written under temporary
+names and renamed into place, so a reader never sees a half-written weight file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_hf_checkpoint(
+    hf_state: dict[str, torch.Tensor],
+    src_dir: str | Path,
+    out_dir: str | Path,
+    dtype: torch.dtype,
+) -> Path:
+    """Write ``hf_state`` (HF names, CPU tensors of ``dtype``) plus src_dir's non-weight files."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in src_dir.iterdir():
+        if f.is_file() and f.name not in _WEIGHT_FILES and f.name != "config.json" and not f.name.endswith(
+            (".safetensors", ".bin", ".pt")
+        ):
+            shutil.copy2(f, out_dir / f.name)
+    for stale in _WEIGHT_FILES[1:]:  # an older sharded export must not shadow the new file
+        (out_dir / stale).unlink(missing_ok=True)
+
+    config = json.loads((src_dir / "config.json").read_text())
+    config["dtype"] = _DTYPE_NAMES[dtype]
+    if "torch_dtype" in config:
+        config["torch_dtype"] = _DTYPE_NAMES[dtype]
+
+    tmp = out_dir / ".model.safetensors.tmp"
+    save_file(hf_state, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out_dir / "model.safetensors")
+    _atomic_write_bytes(out_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    return out_dir

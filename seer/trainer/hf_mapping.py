@@ -1,0 +1,148 @@
+"""Exact correspondence between HF Qwen2/Llama checkpoints and Megatron-core GPTModel.
+
+Two things are not a plain rename:
+  * attention: HF keeps q_proj / k_proj / v_proj; Megatron fuses them into ``linear_qkv`` laid out
+    per KV group as [q heads of the group | k | v] (GQA layout), for weights and Qwen2's biases;
+  * SwiGLU MLP: HF's gate_proj and up_proj are stacked into ``linear_fc1`` as [gate; up], which is
+    what Megatron's gated_linear_unit splits in half (silu(first) * second).
+Everything else is a rename. Both directions are exact inverses (tests round-trip them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+@dataclass(frozen=True)
+class HFArch:
+    """The architecture facts of a HF config.json that the Megatron model must reproduce."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> HFArch:
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"model_type {model_type!r} is not supported (have {SUPPORTED_MODEL_TYPES})")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {cfg['hidden_act']!r}: only SwiGLU (silu) MLPs are supported")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (only default RoPE)")
+        rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if cfg.get("use_sliding_window", False):
+            raise NotImplementedError("sliding-window attention is not supported")
+        if model_type == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+            raise NotImplementedError("Llama attention_bias / mlp_bias are not supported")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            model_type=model_type,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2",
+        )
+
+    @classmethod
+    def from_dir(cls, hf_dir: str | Path) -> HFArch:
+        return cls.from_config(json.loads((Path(hf_dir) / "config.json").read_text()))
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: HFArch) -> torch.Tensor:
+    """[nq*d, ...], [nkv*d, ...], [nkv*d, ...] -> Megatron [nkv * (hpg + 2) * d, ...]."""
+    g, d, hpg = arch.num_kv_heads, arch.head_dim, arch.heads_per_group
+    tail = q.shape[1:]
+    fused = torch.cat([q.reshape(g, hpg * d, *tail), k.reshape(g, d, *tail), v.reshape(g, d, *tail)], dim=1)
+    return fused.reshape(g * (hpg + 2) * d, *tail)
+
+
+def _split_qkv(qkv: torch.Tensor, arch: HFArch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g, d, hpg = arch.num_kv_heads, arch.head_dim, arch.heads_per_group
+    tail = qkv.shape[1:]
+    grouped = qkv.reshape(g, (hpg + 2) * d, *tail)
+    q, k, v = torch.split(grouped, [hpg * d, d, d], dim=1)
+    return (
+        q.reshape(g * hpg * d, *tail).contiguous(),
+        k.reshape(g * d, *tail).contiguous(),
+        v.reshape(g * d, *tail).contiguous(),
+    )
+
+
+def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch.Tensor]:
+    """HF state dict (``model.`` prefixed names) -> Megatron GPTModel state dict (no _extra_state)."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(arch.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        a = h + "self_attn."
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
+        out[m + "self_attention.linear_qkv.weight"] = _fuse_qkv(
+            hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], arch
+        )
+        if arch.qkv_bias:
+            out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(
+                hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"], arch
+            )
+        out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]], 0)
+        out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not arch.tie_word_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def megatron_to_hf(meg: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch.Tensor]:
+    """Inverse of ``hf_to_megatron``; tied models omit lm_head.weight, as HF checkpoints do."""
+    out = {"model.embed_tokens.weight": meg["embedding.word_embeddings.weight"]}
+    for i in range(arch.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        a = h + "self_attn."
+        out[h + "input_layernorm.weight"] = meg[m + "input_layernorm.weight"]
+        q, k, v = _split_qkv(meg[m + "self_attention.linear_qkv.weight"], arch)
+        out[a + "q_proj.weight"], out[a + "k_proj.weight"], out[a + "v_proj.weight"] = q, k, v
+        if arch.qkv_bias:
+            qb, kb, vb = _split_qkv(meg[m + "self_attention.linear_qkv.bias"], arch)
+            out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = qb, kb, vb
+        out[a + "o_proj.weight"] = meg[m + "self_attention.linear_proj.weight"]
+        out[h + "post_attention_layernorm.weight"] = meg[m + "pre_mlp_layernorm.weight"]
+        gate, up = torch.chunk(meg[m + "mlp.linear_fc1.weight"], 2, dim=0)
+        out[h + "mlp.gate_proj.weight"] = gate.contiguous()
+        out[h + "mlp.up_proj.weight"] = up.contiguous()
+        out[h + "mlp.down_proj.weight"] = meg[m + "mlp.linear_fc2.weight"]
+    out["model.norm.weight"] = meg["decoder.final_layernorm.weight"]
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = meg["output_layer.weight"]
+    return out

@@ -1,0 +1,116 @@
+"""Build a Megatron-core GPTModel that is the same network as a HF Qwen2/Llama checkpoint.
+
+The layer spec is Megatron's local (non-Transformer-Engine) one on CPU and GPU alike, so the math
+is identical on both and on a GPU nothing depends on TE being installed. Dropout is off: RL
+log-probs must match the inference engine, which never drops.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_config import TransformerConfig
+from safetensors.torch import load_file
+
+from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
+
+
+def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        # Weights come from the checkpoint right after construction: skip random init.
+        perform_initialization=False,
+        use_cpu_initialization=True,
+        # Unfused paths: the fused kernels are CUDA-only and the unfused ones are exact.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32) -> GPTModel:
+    """An uninitialised GPTModel with the HF architecture (call after ``init_megatron``)."""
+    return GPTModel(
+        config=transformer_config(arch, params_dtype),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+    )
+
+
+def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF safetensors checkpoint (single file or sharded with an index)."""
+    hf_dir = Path(hf_dir)
+    index = hf_dir / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (hf_dir / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {hf_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(hf_dir / name)))
+    return state
+
+
+def load_hf_weights(model: GPTModel, hf_state: dict[str, torch.Tensor], arch: HFArch) -> None:
+    """Copy HF weights into the model; every Megatron parameter must be covered."""
+    meg = hf_to_megatron(hf_state, arch)
+    result = model.load_state_dict(meg, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise KeyError(f"HF -> Megatron mapping mismatch: missing {missing}, unexpected {result.unexpected_keys}")
+
+
+def megatron_weights_as_hf(model: GPTModel, arch: HFArch, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The model's weights under HF names as fresh CPU tensors (no aliasing: safetensors-ready)."""
+    meg = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    hf = megatron_to_hf(meg, arch)
+    return {k: v.detach().to("cpu", dtype=dtype or v.dtype).clone() for k, v in hf.items()}
+
+
+def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, s, s] boolean mask, True above the diagonal (= masked out), as Megatron expects.
+
+    Passed explicitly so Megatron never builds its default mask, which it allocates on "cuda".
+    """
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
+
+
+def forward_logits(model: GPTModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits [B, S, V] for right-padded input_ids [B, S].
+
+    Right padding needs no attention mask beyond the causal one: real tokens never attend to
+    the pad positions after them, and pad positions are masked out of every loss.
+    """
+    b, s = input_ids.shape
+    position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+    return model(input_ids, position_ids, causal_mask(s, input_ids.device))

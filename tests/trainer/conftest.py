@@ -1,0 +1,53 @@
+"""Tiny HF checkpoints built inside the tests, so the trainer tests depend on nothing else in Seer."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+warnings.filterwarnings("ignore", message="Apex is not installed")
+torch.set_num_threads(1)
+
+
+def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, seed: int = 0) -> Path:
+    import transformers
+
+    common = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        initializer_range=0.2,  # larger than default so logits differ visibly between tokens
+        rope_theta=50000.0 if model_type == "qwen2" else 10000.0,
+    )
+    torch.manual_seed(seed)
+    if model_type == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    # HF initialises biases to 0 and norms to 1; randomise them so a swapped or dropped mapping shows
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            elif "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied(tmp_path_factory) -> Path:
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_llama_tied"), "llama", tie=True, seed=1)
