@@ -1,0 +1,240 @@
+"""Each policy on hand-built states, against the paper's rules (Algorithm 2 and its baselines)."""
+
+import pytest
+
+from sched_helpers import finished, loads, request
+from seer.scheduler.decisions import Dispatch, Wait
+from seer.scheduler.placement import PlacementConfig
+from seer.scheduler.policies import (
+    POLICIES, ContextAware, DividedFifo, GroupRoundRobin, OracleLongestFirst, make_policy,
+    true_lengths_from_samples,
+)
+
+BIG = loads(10**9, 10**9)
+CFG = PlacementConfig(block_size=1, kv_budget_fraction=1.0)
+
+
+def drain(policy, ls=BIG, limit=100):
+    """Dispatch until the policy waits; returns the dispatched request ids in order."""
+    out = []
+    for _ in range(limit):
+        d = policy.pick(ls)
+        if isinstance(d, Wait):
+            break
+        policy.on_dispatched(d)
+        out.append(d.request.request_id)
+    return out
+
+
+# -- context (Algorithm 2) ---------------------------------------------------------------------
+
+def test_probes_go_first_shortest_generated_first():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    reqs = [request(0, 1), request(0, 0, generated=300), request(1, 0, generated=100),
+            request(2, 0, generated=200), request(1, 1)]
+    for r in reqs:
+        p.on_ready(r)
+    order = drain(p)
+    assert order[:3] == ["g1-s0", "g2-s0", "g0-s0"]  # probes, by generated 100 < 200 < 300
+    assert set(order[3:]) == {"g0-s1", "g1-s1"}
+    assert p.summary()["dispatches_by_reason"] == {"probe": 3, "longest": 2}
+
+
+def test_largest_group_estimate_next_and_unknown_counts_as_maximum():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    # group 0: probe finished at 50; group 1: probe finished at 800; group 2: nothing finished.
+    for g, length in ((0, 50), (1, 800)):
+        probe = finished(request(g, 0), length)
+        p.on_ready(request(g, 0))  # register the group, then finish its probe
+        p.on_dispatched(Dispatch(request(g, 0), "i0", 1, 1, "probe"))
+        p.on_finished(probe)
+    for g in (0, 1, 2):
+        p.on_ready(request(g, 1))
+    assert p.estimate(0) == 50 and p.estimate(1) == 800 and p.estimate(2) == 1000
+    assert drain(p) == ["g2-s1", "g1-s1", "g0-s1"]
+
+
+def test_estimate_updates_on_each_finish_and_reorders_waiting_requests():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    a, b = request(0, 1), request(1, 1)
+    p.on_ready(a)
+    p.on_ready(b)
+    p.on_finished(finished(request(0, 2), 10))
+    p.on_finished(finished(request(1, 2), 20))
+    assert p.pick(BIG).request is b  # 20 > 10
+    p.on_finished(finished(request(0, 3), 30))  # group 0's longest is now 30
+    assert p.estimate(0) == 30 and p.pick(BIG).request is a
+    p.on_finished(finished(request(0, 4), 5))  # a shorter finish never lowers the estimate
+    assert p.estimate(0) == 30
+
+
+def test_estimate_is_conservative_when_a_partial_response_is_already_longer():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    p.on_ready(request(0, 1))
+    p.on_finished(finished(request(0, 2), 40))
+    assert p.estimate(0) == 40
+    p.on_ready(request(0, 3, generated=300))  # back from a chunk with 300 tokens and still going
+    assert p.estimate(0) == 300
+
+
+def test_pick_has_no_side_effects():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    for r in (request(0, 0), request(0, 1), request(1, 1)):
+        p.on_ready(r)
+    first = p.pick(BIG)
+    assert p.pick(BIG) == first
+
+
+def test_no_starvation_under_a_flood_of_higher_priority_work():
+    """A short-estimate request keeps losing to fresh unknown-length work, yet is served in time."""
+    p = ContextAware(chunk_size=100, placement=CFG, starvation_after=20, starvation_every=5)
+    victim = request(0, 1, seq=0)
+    p.on_ready(victim)
+    p.on_finished(finished(request(0, 0), 1))  # its group is known to be tiny
+    served_at = None
+    for i in range(200):
+        p.on_ready(request(1000 + i, 1, seq=10 + i))  # every round a new unknown (max-length) request
+        d = p.pick(BIG)
+        p.on_dispatched(d)
+        if d.request is victim:
+            served_at = i
+            assert d.reason == "starvation"
+            break
+    assert served_at is not None and served_at <= 20
+
+
+def test_starvation_guard_is_rationed_so_ordering_survives_a_full_queue():
+    p = ContextAware(chunk_size=100, placement=CFG, starvation_after=1, starvation_every=4)
+    for g in range(40):
+        p.on_ready(request(g, 1))
+    drain(p, limit=40)
+    by_reason = p.summary()["dispatches_by_reason"]
+    assert by_reason["starvation"] <= 10 and by_reason["longest"] >= 30
+
+
+def test_context_waits_when_no_instance_has_kv_room():
+    p = ContextAware(chunk_size=100, placement=CFG)
+    p.on_ready(request(0, 0, prompt_len=50))
+    full = loads(1000, 1000, reserved=(900, 860))  # chunk needs 50 + 100 = 150
+    assert p.pick(full) == Wait("kv_full")
+    roomy = loads(1000, 1000, reserved=(900, 850))
+    d = p.pick(roomy)
+    assert isinstance(d, Dispatch) and d.instance == "i1" and d.kv_tokens == 150
+
+
+def test_context_idle_when_nothing_ready():
+    assert ContextAware().pick(BIG) == Wait("idle")
+
+
+# -- chunk size rule, shared by the chunking policies ----------------------------------------------
+
+@pytest.mark.parametrize("name", ["divided", "context"])
+def test_dispatch_max_tokens_is_min_of_chunk_and_remaining(name):
+    p = make_policy(name, chunk_size=300, placement=CFG)
+    p.on_ready(request(0, 1, generated=850, max_tokens=1000))
+    d = p.pick(BIG)
+    assert d.max_tokens == 150 and d.kv_tokens == 4 + 850 + 150
+    p2 = make_policy(name, chunk_size=300, placement=CFG)
+    p2.on_ready(request(0, 1, generated=100, max_tokens=1000))
+    assert p2.pick(BIG).max_tokens == 300
+
+
+def test_chunk_prefers_the_instance_holding_its_prefix():
+    p = DividedFifo(chunk_size=100, placement=PlacementConfig(block_size=1, affinity_gap_tokens=512))
+    r = request(0, 1, generated=100)
+    r.instances = ["i0", "i1"]
+    p.on_ready(r)
+    ls = loads(10_000, 10_000, reserved=(1000, 1400))  # i0 freer by 400 < 512: stay on i1
+    assert p.pick(ls).instance == "i1"
+    ls = loads(10_000, 10_000, reserved=(1000, 1600))  # 600 > 512: move
+    assert p.pick(ls).instance == "i0"
+
+
+# -- divided -------------------------------------------------------------------------------------
+
+def test_divided_is_fifo_and_a_returning_request_goes_to_the_back():
+    p = DividedFifo(chunk_size=100, placement=CFG)
+    a, b, c = request(0, 0), request(0, 1), request(1, 0)
+    for r in (a, b, c):
+        p.on_ready(r)
+    d = p.pick(BIG)
+    assert d.request is a and d.reason == "fifo"
+    p.on_dispatched(d)
+    p.on_ready(a)  # back after its first chunk
+    assert drain(p) == ["g0-s1", "g1-s0", "g0-s0"]
+
+
+def test_divided_balances_on_free_kv():
+    p = DividedFifo(chunk_size=100, placement=CFG)
+    p.on_ready(request(0, 0))
+    assert p.pick(loads(10_000, 10_000, 10_000, reserved=(300, 100, 200))).instance == "i1"
+
+
+# -- group_rr (baseline) -------------------------------------------------------------------------
+
+def test_group_rr_sends_whole_groups_round_robin_unchunked_and_unbounded():
+    p = GroupRoundRobin(chunk_size=100, placement=CFG)  # chunk_size is ignored
+    for g in range(3):
+        for k in range(2):
+            p.on_ready(request(g, k, seq=g * 2 + k))
+    tiny = loads(10, 10)  # no KV bound in the baseline
+    picks = []
+    while not isinstance(d := p.pick(tiny), Wait):
+        p.on_dispatched(d)
+        picks.append((d.request.request_id, d.instance, d.max_tokens))
+    assert picks == [
+        ("g0-s0", "i0", 1000), ("g0-s1", "i0", 1000),
+        ("g1-s0", "i1", 1000), ("g1-s1", "i1", 1000),
+        ("g2-s0", "i0", 1000), ("g2-s1", "i0", 1000),
+    ]
+
+
+def test_group_rr_pick_does_not_assign_until_dispatched():
+    p = GroupRoundRobin(placement=CFG)
+    p.on_ready(request(0, 0))
+    p.on_ready(request(1, 0, seq=1000))
+    assert p.pick(BIG).instance == "i0"
+    assert p.pick(BIG).instance == "i0"  # asking twice does not advance the round-robin
+    p.on_dispatched(p.pick(BIG))
+    assert p.pick(BIG).instance == "i1"
+
+
+# -- oracle ----------------------------------------------------------------------------------------
+
+def test_oracle_orders_by_true_remaining_length():
+    lengths = {(0, 0): 100, (0, 1): 900, (1, 0): 500, (1, 1): 700}
+    p = OracleLongestFirst(lengths, chunk_size=100, placement=CFG)
+    for g, k in lengths:
+        p.on_ready(request(g, k, generated=300 if (g, k) == (0, 1) else 0))
+    # remaining: g0-s1 600, g1-s1 700, g1-s0 500, g0-s0 100
+    assert drain(p) == ["g1-s1", "g0-s1", "g1-s0", "g0-s0"]
+
+
+def test_oracle_fails_loudly_without_a_length():
+    p = OracleLongestFirst({}, chunk_size=100)
+    with pytest.raises(KeyError, match="group 0 sample 1"):
+        p.on_ready(request(0, 1))
+
+
+def test_only_the_oracle_can_be_given_true_lengths():
+    lengths = {(0, 0): 10}
+    assert isinstance(make_policy("oracle_lfs", true_lengths=lengths), OracleLongestFirst)
+    with pytest.raises(ValueError, match="needs true_lengths"):
+        make_policy("oracle_lfs")
+    for name in set(POLICIES) - {"oracle_lfs"}:
+        with pytest.raises(ValueError, match="may not read true lengths"):
+            make_policy(name, true_lengths=lengths)
+        with pytest.raises(TypeError):  # not even by going around the registry
+            POLICIES[name](true_lengths=lengths)
+
+
+def test_true_lengths_from_a_previous_run():
+    from seer.rollout.types import PromptSpec, Sample
+    pr = PromptSpec(0, "", [1], {})
+    s = Sample(3, 1, "g3-s1", pr, [1, 2, 3], [0.0] * 3, "stop", 0.0, 1.0, ["i0"])
+    assert true_lengths_from_samples([s]) == {(3, 1): 3}
+
+
+def test_unknown_policy_name():
+    with pytest.raises(ValueError, match="unknown scheduler policy"):
+        make_policy("lottery")
