@@ -1,0 +1,453 @@
+"""The draft client: a library inside each inference instance (a vLLM proposer calls it).
+
+Decoding must never wait on the draft server, so the caller-facing methods only touch local state:
+
+* ``register_group(group_id, ttl_seconds)`` and ``append(group_id, request_id, tokens)`` enqueue and
+  return at once (O(1)); a background thread registers groups, applies the appended tokens to the
+  local replica of each group, sends them to the server in batches of ``update_batch_tokens`` per
+  request (``UpdateCst``), and fetches the other instances' tokens every ``fetch_interval_s``
+  (``FetchCst``, incremental).
+* ``batch_speculate(rows)`` drafts for many requests at once from the local replicas: no RPC.
+
+If the server is unreachable, groups stay unregistered (no replica) and speculation returns empty
+drafts; the thread retries with backoff, and nothing raises into the caller. Tokens are kept until
+the server acknowledges them, and a group the server lost (restart) is registered again and resent.
+
+Typical use by a proposer::
+
+    client = DraftClient("127.0.0.1:50061", update_batch_tokens=16)
+    client.register_group("prompt-17", ttl_seconds=600)
+    client.append("prompt-17", "req-17-3", new_token_ids)          # after every decode step
+    drafts = client.batch_speculate([SpeculateRow("req-17-3", "prompt-17", context_ids,
+                                                  DraftParams(max_spec_tokens=8))])
+    drafts[0].tokens                                                # best path, maybe empty
+    client.finish_request("prompt-17", "req-17-3")                  # flush its last tokens
+    client.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import grpc
+
+from seer.dgds.drafting import draft
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.replica import GroupReplica, ReplicaGap
+from seer.dgds.server import UNKNOWN_GROUP_KEY
+from seer.dgds.types import Draft, Segment, SpeculateRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _OwnRequest:
+    acked: int = 0  # tokens the server has committed
+    finished: bool = False
+
+
+@dataclass
+class _Group:
+    ttl: float
+    touched: float  # last register/append by the caller (local lease)
+    registered: bool = False
+    replica: GroupReplica | None = None
+    unapplied: dict[str, list[int]] = field(default_factory=dict)  # own tokens awaiting a replica
+    own: dict[str, _OwnRequest] = field(default_factory=dict)
+    finish_on_server: bool = False
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    groups: int
+    registered_groups: int
+    update_calls: int
+    fetch_calls: int
+    tokens_sent: int
+    tokens_fetched: int
+    rpc_errors: int
+    unacked_tokens: int
+
+
+class DraftClient:
+    """Local replicas of the server's group trees, kept current by one background thread."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        update_batch_tokens: int = 16,
+        fetch_interval_s: float = 0.05,
+        flush_interval_s: float = 0.5,
+        rpc_timeout_s: float = 2.0,
+        max_fetch_tokens: int = 1_000_000,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        default_ttl_s: float = 600.0,
+    ):
+        """``update_batch_tokens``: a request's tokens are sent once this many are unsent (or after
+        ``flush_interval_s``, or on finish_request/flush). ``fetch_interval_s``: period of the
+        incremental fetch of all registered groups."""
+        if update_batch_tokens < 1:
+            raise ValueError("update_batch_tokens must be >= 1")
+        self.address = address
+        self.update_batch_tokens = update_batch_tokens
+        self.fetch_interval_s = fetch_interval_s
+        self.flush_interval_s = flush_interval_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self.max_fetch_tokens = max_fetch_tokens
+        self.default_ttl_s = default_ttl_s
+        self._channel = grpc.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
+        self._stub = pb_grpc.DraftServerStub(self._channel)
+        self._lock = threading.Lock()  # guards _groups and the replicas
+        # (kind, group_id, request_id, tokens, ttl): deque appends are atomic, so callers never lock
+        self._inbox: deque[tuple[str, str, str, list[int] | None, float]] = deque()
+        self._groups: dict[str, _Group] = {}
+        self._finishing: list[str] = []
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._synced = threading.Condition()
+        self._sync_wanted = 0
+        self._sync_done = 0
+        self._last_fetch = 0.0
+        self._last_flush = time.monotonic()
+        self._backoff = 0.0
+        self._stats = dict(update_calls=0, fetch_calls=0, tokens_sent=0, tokens_fetched=0, rpc_errors=0)
+        self._thread = threading.Thread(target=self._run, name="dgds-client", daemon=True)
+        self._thread.start()
+
+    # ---- caller-facing: all non-blocking --------------------------------------------------
+
+    def register_group(self, group_id: str, ttl_seconds: float = 600.0) -> None:
+        """Start following a group (idempotent). Its replica appears once the server answers.
+        The group is forgotten locally ``ttl_seconds`` after the last register/append call."""
+        if not group_id or not ttl_seconds > 0:
+            raise ValueError("group_id must be non-empty and ttl_seconds > 0")
+        self._inbox.append(("register", group_id, "", None, float(ttl_seconds)))
+        self._wake.set()
+
+    def append(self, group_id: str, request_id: str, tokens: Sequence[int]) -> None:
+        """New tokens of one of this instance's requests (registers the group if needed).
+        Returns at once; the tokens reach the local replica and the server in the background."""
+        if tokens is None or len(tokens) == 0:
+            return
+        self._inbox.append(("append", group_id, request_id, list(tokens), 0.0))
+        self._wake.set()
+
+    def append_many(self, rows: Iterable[tuple[str, str, Sequence[int]]]) -> None:
+        """``append`` for many (group_id, request_id, tokens) rows (one decode step of a batch)."""
+        for group_id, request_id, tokens in rows:
+            if len(tokens):
+                self._inbox.append(("append", group_id, request_id, list(tokens), 0.0))
+        self._wake.set()
+
+    def finish_request(self, group_id: str, request_id: str) -> None:
+        """The request is done: send its last tokens without waiting for a full batch."""
+        self._inbox.append(("finish_request", group_id, request_id, None, 0.0))
+        self._wake.set()
+
+    def release_group(self, group_id: str) -> None:
+        """Stop following a group here (the server keeps it for the other instances)."""
+        self._inbox.append(("release", group_id, "", None, 0.0))
+        self._wake.set()
+
+    def finish_group(self, group_id: str) -> None:
+        """All of the group's requests are done everywhere: free it here and on the server."""
+        self._inbox.append(("finish_group", group_id, "", None, 0.0))
+        self._wake.set()
+
+    def batch_speculate(self, rows: Sequence[SpeculateRow]) -> list[Draft]:
+        """Drafts for many requests from the local replicas, one per row, same order.
+
+        Each row carries its own DraftParams (max_spec_tokens, pattern_lookup_min/max, top_k,
+        min_token_prob). A row whose group has no replica yet gets an empty Draft. Raises
+        ValueError only for malformed params (a caller bug), never for server trouble.
+        """
+        out: list[Draft] = []
+        with self._lock:
+            for row in rows:
+                problem = row.params.problem()
+                if problem:
+                    raise ValueError(f"row {row.request_id!r}: {problem}")
+                g = self._groups.get(row.group_id)
+                if g is None or g.replica is None:
+                    out.append(Draft(row.request_id))
+                    continue
+                ctx = row.context
+                tail = list(ctx[len(ctx) - min(len(ctx), row.params.pattern_lookup_max):])
+                paths, match_len = draft(g.replica.tree, tail, row.params)
+                out.append(Draft(row.request_id, tuple(paths), match_len))
+        return out
+
+    def sync(self, timeout: float = 5.0) -> bool:
+        """Block until everything appended so far is acknowledged by the server and a fetch has
+        completed after it (tests, benchmarks, shutdown). False on timeout."""
+        with self._synced:
+            self._sync_wanted += 1
+            target = self._sync_wanted
+        self._wake.set()
+        with self._synced:
+            return self._synced.wait_for(lambda: self._sync_done >= target or self._closed.is_set(), timeout)
+
+    def has_replica(self, group_id: str) -> bool:
+        with self._lock:
+            g = self._groups.get(group_id)
+            return g is not None and g.replica is not None
+
+    def replica(self, group_id: str) -> GroupReplica | None:
+        """The group's local replica (read-only use; tests and tools)."""
+        with self._lock:
+            g = self._groups.get(group_id)
+            return None if g is None else g.replica
+
+    def stats(self) -> ClientStats:
+        with self._lock:
+            unacked = 0
+            for g in self._groups.values():
+                unacked += sum(len(t) for t in g.unapplied.values())
+                if g.replica is not None:
+                    unacked += sum(g.replica.length(r) - o.acked for r, o in g.own.items())
+            return ClientStats(len(self._groups), sum(g.registered for g in self._groups.values()),
+                               unacked_tokens=unacked, **self._stats)
+
+    def close(self, flush_timeout: float = 1.0) -> None:
+        """Try to send what is unsent (bounded by flush_timeout), then stop the thread."""
+        if not self._closed.is_set() and flush_timeout > 0:
+            self.sync(flush_timeout)
+        self._closed.set()
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+        self._channel.close()
+
+    def __enter__(self) -> DraftClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- background thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            timeout = self.fetch_interval_s if self._backoff == 0 else self._backoff
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._closed.is_set():
+                break
+            with self._synced:
+                want = self._sync_wanted
+            try:
+                ok = self._cycle(force=want > self._sync_done)
+            except Exception:  # never let the thread die: decoding relies on it quietly
+                log.exception("dgds client cycle failed")
+                ok = False
+            if ok:
+                self._backoff = 0.0
+                if want > self._sync_done:
+                    with self._synced:
+                        self._sync_done = want
+                        self._synced.notify_all()
+            else:
+                self._backoff = min(1.0, max(0.05, self._backoff * 2))
+        with self._synced:
+            self._synced.notify_all()
+
+    def _cycle(self, force: bool) -> bool:
+        """One round: local bookkeeping, registrations, updates, fetch. True if all RPCs worked."""
+        self._drain_inbox()
+        ok = self._register_pending()
+        now = time.monotonic()
+        flush = force or now - self._last_flush >= self.flush_interval_s
+        ok = self._send_updates(flush) and ok
+        if flush:
+            self._last_flush = now
+        if force or now - self._last_fetch >= self.fetch_interval_s:
+            ok = self._fetch() and ok
+            self._last_fetch = now
+        ok = self._finish_pending() and ok
+        return ok
+
+    def _drain_inbox(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while self._inbox:
+                kind, gid, rid, tokens, ttl = self._inbox.popleft()
+                g = self._groups.get(gid)
+                if kind == "register":
+                    if g is None:
+                        self._groups[gid] = _Group(ttl=ttl, touched=now)
+                    else:
+                        g.ttl, g.touched = ttl, now
+                elif kind == "append":
+                    if g is None:
+                        g = self._groups[gid] = _Group(ttl=self.default_ttl_s, touched=now)
+                    g.touched = now
+                    g.own.setdefault(rid, _OwnRequest())
+                    if g.replica is None:
+                        g.unapplied.setdefault(rid, []).extend(tokens or ())
+                    else:
+                        g.replica.append_local(rid, tokens or ())
+                elif kind == "finish_request":
+                    if g is not None:
+                        g.own.setdefault(rid, _OwnRequest()).finished = True
+                elif kind == "release":
+                    self._groups.pop(gid, None)
+                elif kind == "finish_group":
+                    if self._groups.pop(gid, None) is not None:
+                        self._finishing.append(gid)
+            expired = [gid for gid, g in self._groups.items() if now - g.touched > g.ttl]
+            for gid in expired:
+                del self._groups[gid]
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.rpc_timeout_s), None
+        except grpc.RpcError as e:
+            self._stats["rpc_errors"] += 1
+            return None, e
+
+    def _unknown_groups(self, err: grpc.RpcError) -> list[str]:
+        if err.code() != grpc.StatusCode.NOT_FOUND:
+            return []
+        return [v for k, v in (err.trailing_metadata() or ()) if k == UNKNOWN_GROUP_KEY]
+
+    def _lost(self, group_ids: Sequence[str]) -> None:
+        """The server does not know these groups (expired or restarted): register and resend."""
+        with self._lock:
+            for gid in group_ids:
+                g = self._groups.get(gid)
+                if g is not None:
+                    g.registered = False
+                    for own in g.own.values():
+                        own.acked = 0
+                    if g.replica is not None:
+                        g.replica.cursor = 0
+
+    def _register_pending(self) -> bool:
+        with self._lock:
+            todo = [(gid, g.ttl) for gid, g in self._groups.items() if not g.registered]
+        ok = True
+        for gid, ttl in todo:
+            resp, err = self._call(self._stub.RegisterGroup, pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl))
+            if err is not None:
+                log.debug("register %s failed: %s", gid, err.code())
+                ok = False
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    break
+                continue
+            with self._lock:
+                g = self._groups.get(gid)
+                if g is None:
+                    continue
+                g.registered = True
+                if g.replica is None or g.replica.tree.max_depth != resp.max_depth:
+                    old = g.replica
+                    g.replica = GroupReplica(gid, resp.max_depth)
+                    if old is not None:  # depth changed: rebuild from what we had
+                        for rid, idx in old.request_index.items():
+                            g.replica.append_local(rid, old.tree.seqs[idx])
+                for rid, toks in g.unapplied.items():
+                    g.replica.append_local(rid, toks)
+                g.unapplied.clear()
+        return ok
+
+    def _send_updates(self, flush: bool) -> bool:
+        updates: list[pb.CstUpdate] = []
+        with self._lock:
+            for gid, g in self._groups.items():
+                if not g.registered or g.replica is None:
+                    continue
+                for rid, own in g.own.items():
+                    seq = g.replica.tokens(rid)
+                    unsent = len(seq) - own.acked
+                    if unsent > 0 and (flush or own.finished or unsent >= self.update_batch_tokens):
+                        updates.append(pb.CstUpdate(group_id=gid, request_id=rid, prev_token_count=own.acked,
+                                                    new_tokens=seq[own.acked:]))
+        if not updates:
+            return True
+        resp, err = self._call(self._stub.UpdateCst, pb.UpdateCstRequest(updates=updates))
+        if err is not None:
+            lost = self._unknown_groups(err)
+            if lost:
+                self._lost(lost)
+            log.debug("update_cst failed: %s", err.code())
+            return False
+        self._stats["update_calls"] += 1
+        with self._lock:
+            for u, r in zip(updates, resp.results):
+                g = self._groups.get(u.group_id)
+                if g is None or u.request_id not in g.own:
+                    continue
+                own = g.own[u.request_id]
+                if r.status == pb.CONFLICT:
+                    log.warning("server holds different tokens for %s/%s", u.group_id, u.request_id)
+                    own.acked = max(own.acked, r.committed_token_count)
+                    continue
+                own.acked = max(own.acked, min(r.committed_token_count, len(g.replica.tokens(u.request_id))))
+                self._stats["tokens_sent"] += len(u.new_tokens)
+        return True
+
+    def _fetch(self) -> bool:
+        with self._lock:
+            cursors = {gid: (g.replica, g.replica.cursor) for gid, g in self._groups.items()
+                       if g.registered and g.replica is not None}
+        ok = True
+        while cursors:
+            req = pb.FetchCstRequest(
+                caches=[pb.CacheState(group_id=gid, log_offset=c) for gid, (_, c) in cursors.items()],
+                max_tokens=self.max_fetch_tokens,
+            )
+            resp, err = self._call(self._stub.FetchCst, req)
+            if err is not None:
+                lost = self._unknown_groups(err)
+                if not lost:
+                    return False
+                self._lost(lost)
+                ok = False
+                for gid in lost:
+                    cursors.pop(gid, None)
+                continue
+            self._stats["fetch_calls"] += 1
+            again = {}
+            with self._lock:
+                for inc in resp.groups:
+                    replica, _ = cursors[inc.group_id]
+                    g = self._groups.get(inc.group_id)
+                    if g is None or g.replica is not replica:
+                        continue  # released or rebuilt meanwhile
+                    segs = [Segment(s.request_id, s.start, tuple(s.tokens)) for s in inc.segments]
+                    try:
+                        replica.apply_delta(inc.start, inc.next, segs)
+                    except ReplicaGap as e:  # should not happen; refetch from scratch
+                        log.warning("%s; refetching the group", e)
+                        replica.cursor = 0
+                        continue
+                    self._stats["tokens_fetched"] += sum(len(s.tokens) for s in segs)
+                    if inc.more:
+                        again[inc.group_id] = (replica, replica.cursor)
+            cursors = again
+        return ok
+
+    def _finish_pending(self) -> bool:
+        with self._lock:
+            todo, self._finishing = self._finishing, []
+        for gid in todo:
+            _, err = self._call(self._stub.FinishGroup, pb.FinishGroupRequest(group_id=gid))
+            if err is not None and err.code() != grpc.StatusCode.NOT_FOUND:
+                with self._lock:
+                    self._finishing.append(gid)
+                return False
+        return True

@@ -1,0 +1,341 @@
+"""The draft server's state: registered groups, their trees, TTLs and append logs (no gRPC here).
+
+Each group keeps one suffix tree over all its requests, plus an append log of (request, start,
+length) segments in the order the server applied them. A client's replica is "the log up to
+offset c"; ``fetch`` returns the segments after c, so increments cost what is new, not the tree.
+
+Updates carry ``prev_token_count`` (how many tokens of that request precede the batch), which makes
+them idempotent and reorder-safe: a batch the server already has is acknowledged and dropped, an
+overlapping one contributes only its new tail, and one that arrives ahead of a gap waits (bounded)
+until the gap fills.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from seer.dgds.drafting import draft
+from seer.dgds.suffix_tree import SuffixTree
+from seer.dgds.types import Draft, DraftParams, Segment
+
+
+class DgdsError(Exception):
+    """Base of the errors the server maps to gRPC status codes."""
+
+
+class UnknownGroups(DgdsError):
+    """Some named groups are not registered (never, finished, or expired) -> NOT_FOUND."""
+
+    def __init__(self, group_ids: Sequence[str]):
+        self.group_ids = list(dict.fromkeys(group_ids))
+        super().__init__("unknown group(s): " + ", ".join(self.group_ids[:10]))
+
+
+class Malformed(DgdsError):
+    """The request cannot be valid in any state -> INVALID_ARGUMENT."""
+
+
+class TooLarge(DgdsError):
+    """The request exceeds a configured limit -> RESOURCE_EXHAUSTED."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that keep one misbehaving client from exhausting the server."""
+
+    max_groups: int = 100_000
+    max_tokens_per_update: int = 65_536
+    max_updates_per_call: int = 4_096
+    max_tokens_per_group: int = 16_000_000
+    max_pending_per_request: int = 64
+    max_rows_per_speculate: int = 4_096
+    max_context_tokens: int = 1_000_000
+    max_spec_tokens: int = 256
+    max_top_k: int = 16
+    max_id_len: int = 256
+    max_ttl_seconds: float = 7 * 24 * 3600.0
+    max_fetch_tokens: int = 4_000_000
+
+
+class UpdateStatus(enum.IntEnum):
+    """Outcome of one update (values match the proto enum)."""
+
+    APPLIED = 1  # new tokens went into the tree (possibly after dropping an overlap)
+    DUPLICATE = 2  # the server had all of them already
+    BUFFERED = 3  # arrived ahead of a gap; applied once the gap fills
+    CONFLICT = 4  # overlaps tokens the server has, with different values; dropped
+
+
+@dataclass(frozen=True)
+class Update:
+    group_id: str
+    request_id: str
+    prev_token_count: int
+    tokens: Sequence[int]
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    status: UpdateStatus
+    committed_token_count: int  # the request's contiguous tokens on the server after this update
+
+
+@dataclass(frozen=True)
+class GroupDelta:
+    """What a replica at log offset ``start`` is missing (possibly cut short: ``more``)."""
+
+    group_id: str
+    max_depth: int
+    start: int
+    next: int
+    segments: list[Segment]
+    more: bool
+
+
+@dataclass
+class GroupState:
+    """One group: its tree, the request -> sequence map, the append log and its lease."""
+
+    group_id: str
+    tree: SuffixTree
+    ttl: float
+    expires_at: float
+    request_index: dict[str, int] = field(default_factory=dict)
+    request_ids: list[str] = field(default_factory=list)
+    log: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, start, length)
+    pending: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def seq_of(self, request_id: str) -> int:
+        idx = self.request_index.get(request_id)
+        if idx is None:
+            idx = self.tree.add_sequence()
+            self.request_index[request_id] = idx
+            self.request_ids.append(request_id)
+        return idx
+
+    def apply(self, request_id: str, prev: int, tokens: tuple[int, ...], limits: Limits) -> UpdateOutcome:
+        idx = self.seq_of(request_id)
+        seq = self.tree.seqs[idx]
+        if prev > len(seq):
+            waiting = self.pending.setdefault(idx, {})
+            if prev not in waiting and len(waiting) >= limits.max_pending_per_request:
+                raise TooLarge(f"request {request_id!r}: too many out-of-order batches pending")
+            waiting[prev] = tokens
+            return UpdateOutcome(UpdateStatus.BUFFERED, len(seq))
+        status = self._append(idx, prev, tokens, limits)
+        waiting = self.pending.get(idx)
+        while waiting:
+            ready = [p for p in waiting if p <= len(seq)]
+            if not ready:
+                break
+            p = min(ready)
+            self._append(idx, p, waiting.pop(p), limits)
+        if waiting is not None and not waiting:
+            del self.pending[idx]
+        return UpdateOutcome(status, len(seq))
+
+    def _append(self, idx: int, prev: int, tokens: tuple[int, ...], limits: Limits) -> UpdateStatus:
+        seq = self.tree.seqs[idx]
+        overlap = len(seq) - prev
+        if seq[prev : prev + min(overlap, len(tokens))] != list(tokens[:overlap]):
+            return UpdateStatus.CONFLICT
+        new = tokens[overlap:]
+        if not new:
+            return UpdateStatus.DUPLICATE
+        if self.tree.num_tokens + len(new) > limits.max_tokens_per_group:
+            raise TooLarge(f"group {self.group_id!r} would exceed {limits.max_tokens_per_group} tokens")
+        start = len(seq)
+        self.tree.extend(idx, new)
+        self.log.append((idx, start, len(new)))
+        return UpdateStatus.APPLIED
+
+    def delta(self, start: int, max_tokens: int) -> GroupDelta:
+        if start < 0 or start > len(self.log):
+            raise Malformed(f"group {self.group_id!r}: cursor {start} outside the log (0..{len(self.log)})")
+        segments: list[Segment] = []
+        total = 0
+        end = start
+        seqs = self.tree.seqs
+        while end < len(self.log) and (not segments or total + self.log[end][2] <= max_tokens):
+            idx, s, n = self.log[end]
+            segments.append(Segment(self.request_ids[idx], s, tuple(seqs[idx][s : s + n])))
+            total += n
+            end += 1
+        return GroupDelta(self.group_id, self.tree.max_depth, start, end, segments, end < len(self.log))
+
+
+def _check_id(kind: str, value: str, limits: Limits) -> None:
+    if not value:
+        raise Malformed(f"{kind} must be non-empty")
+    if len(value) > limits.max_id_len:
+        raise Malformed(f"{kind} longer than {limits.max_id_len} characters")
+
+
+def check_params(params: DraftParams, limits: Limits) -> None:
+    problem = params.problem()
+    if problem:
+        raise Malformed(problem)
+    if params.max_spec_tokens > limits.max_spec_tokens:
+        raise TooLarge(f"max_spec_tokens above {limits.max_spec_tokens}")
+    if params.top_k > limits.max_top_k:
+        raise TooLarge(f"top_k above {limits.max_top_k}")
+
+
+class GroupStore:
+    """Thread-safe registry of groups. One lock: Python runs one thread at a time anyway, and a
+    single lock keeps every operation atomic with respect to TTL expiry."""
+
+    def __init__(self, max_depth: int = 64, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic):
+        if max_depth < 2:
+            raise ValueError("max_depth must be >= 2")
+        self.max_depth = max_depth
+        self.limits = limits
+        self.clock = clock
+        self._groups: dict[str, GroupState] = {}
+        self._lock = threading.Lock()
+        self.expired_total = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def register(self, group_id: str, ttl_seconds: float) -> int:
+        """Create the group or refresh its lease; returns the tree depth replicas must use."""
+        _check_id("group_id", group_id, self.limits)
+        if not ttl_seconds > 0:
+            raise Malformed("ttl_seconds must be > 0")
+        if ttl_seconds > self.limits.max_ttl_seconds:
+            raise TooLarge(f"ttl_seconds above {self.limits.max_ttl_seconds}")
+        with self._lock:
+            now = self.clock()
+            g = self._live(group_id, now)
+            if g is None:
+                if len(self._groups) >= self.limits.max_groups:
+                    self._reap_locked(now)
+                if len(self._groups) >= self.limits.max_groups:
+                    raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
+                g = GroupState(group_id, SuffixTree(self.max_depth), ttl_seconds, now + ttl_seconds)
+                self._groups[group_id] = g
+            else:
+                g.ttl = ttl_seconds
+                g.expires_at = now + ttl_seconds
+            return g.tree.max_depth
+
+    def finish(self, group_id: str) -> None:
+        """Free a group now (its requests are done)."""
+        _check_id("group_id", group_id, self.limits)
+        with self._lock:
+            if self._live(group_id, self.clock()) is None:
+                raise UnknownGroups([group_id])
+            del self._groups[group_id]
+
+    def reap(self) -> int:
+        """Free every expired group; returns how many."""
+        with self._lock:
+            return self._reap_locked(self.clock())
+
+    def _reap_locked(self, now: float) -> int:
+        dead = [gid for gid, g in self._groups.items() if g.expires_at <= now]
+        for gid in dead:
+            del self._groups[gid]
+        self.expired_total += len(dead)
+        return len(dead)
+
+    def _live(self, group_id: str, now: float) -> GroupState | None:
+        g = self._groups.get(group_id)
+        if g is not None and g.expires_at <= now:
+            del self._groups[group_id]
+            self.expired_total += 1
+            return None
+        return g
+
+    def _require(self, group_ids: Sequence[str], now: float) -> list[GroupState]:
+        found = [self._live(gid, now) for gid in group_ids]
+        missing = [gid for gid, g in zip(group_ids, found) if g is None]
+        if missing:
+            raise UnknownGroups(missing)
+        return found  # type: ignore[return-value]
+
+    # ---- data --------------------------------------------------------------------------
+
+    def update(self, updates: Sequence[Update]) -> list[UpdateOutcome]:
+        """Apply update_cst batches. Validated as a whole first: nothing is applied when any
+        update is malformed, too large, or names an unknown group."""
+        lim = self.limits
+        if len(updates) > lim.max_updates_per_call:
+            raise TooLarge(f"more than {lim.max_updates_per_call} updates in one call")
+        for u in updates:
+            _check_id("group_id", u.group_id, lim)
+            _check_id("request_id", u.request_id, lim)
+            if u.prev_token_count < 0:
+                raise Malformed("prev_token_count must be >= 0")
+            if len(u.tokens) > lim.max_tokens_per_update:
+                raise TooLarge(f"more than {lim.max_tokens_per_update} tokens in one update")
+            if any(t < 0 for t in u.tokens):
+                raise Malformed("token ids must be >= 0")
+        with self._lock:
+            now = self.clock()
+            groups = self._require([u.group_id for u in updates], now)
+            out = []
+            for g, u in zip(groups, updates):
+                g.expires_at = now + g.ttl
+                out.append(g.apply(u.request_id, u.prev_token_count, tuple(u.tokens), lim))
+            return out
+
+    def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
+        """fetch_cst: for each (group, log offset) the segments the caller lacks."""
+        budget = max_tokens if max_tokens > 0 else self.limits.max_fetch_tokens
+        budget = min(budget, self.limits.max_fetch_tokens)
+        for gid, start in cursors:
+            _check_id("group_id", gid, self.limits)
+            if start < 0:
+                raise Malformed("cursor must be >= 0")
+        with self._lock:
+            groups = self._require([gid for gid, _ in cursors], self.clock())
+            out = []
+            for g, (_, start) in zip(groups, cursors):
+                d = g.delta(start, budget)
+                budget = max(1, budget - sum(len(s.tokens) for s in d.segments))
+                out.append(d)
+            return out
+
+    def speculate(self, group_ids: Sequence[str], request_ids: Sequence[str], contexts: Sequence[Sequence[int]],
+                  params: Sequence[DraftParams]) -> list[Draft]:
+        """Server-side batch_speculate, for clients that keep no replica."""
+        lim = self.limits
+        if len(group_ids) > lim.max_rows_per_speculate:
+            raise TooLarge(f"more than {lim.max_rows_per_speculate} rows")
+        for gid, ctx, p in zip(group_ids, contexts, params):
+            _check_id("group_id", gid, lim)
+            if len(ctx) > lim.max_context_tokens:
+                raise TooLarge(f"context longer than {lim.max_context_tokens} tokens")
+            check_params(p, lim)
+        with self._lock:
+            groups = self._require(group_ids, self.clock())
+            out = []
+            for g, rid, ctx, p in zip(groups, request_ids, contexts, params):
+                tail = list(ctx[-min(len(ctx), p.pattern_lookup_max):])
+                paths, match_len = draft(g.tree, tail, p)
+                out.append(Draft(rid, tuple(paths), match_len))
+            return out
+
+    # ---- introspection -----------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            groups = list(self._groups.values())
+            return {
+                "groups": len(groups),
+                "requests": sum(len(g.request_ids) for g in groups),
+                "tokens": sum(g.tree.num_tokens for g in groups),
+                "nodes": sum(g.tree.num_nodes for g in groups),
+                "log_segments": sum(len(g.log) for g in groups),
+                "expired_total": self.expired_total,
+            }
+
+    def tree(self, group_id: str) -> SuffixTree:
+        """The live tree of a group (tests and tools; do not mutate)."""
+        with self._lock:
+            return self._require([group_id], self.clock())[0].tree
