@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from seer.scheduler.policies import LengthKey
 
 SampleCallback = Callable[[Sample], Awaitable[None] | None]
 ProgressCallback = Callable[[Progress], None]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -132,6 +135,12 @@ class RolloutDriver:
         )
         timeline: list[Telemetry] = []
         await self._poll_telemetry(disp, timeline)  # capacities before the first decision
+        unbounded = [l.name for l in disp.loads if l.capacity_tokens <= 0]
+        if policy.chunk_size is not None and unbounded and self.config.max_running is None:
+            log.warning(
+                "KV capacity unknown for %s and no scheduler.max_running: admission is unbounded there, "
+                "so %s cannot order work; set scheduler.kv_capacity_tokens", unbounded, policy.name
+            )
         start = self.clock()
         pending: dict[asyncio.Task, ChunkTicket] = {}
         callbacks: list[asyncio.Task] = []
