@@ -179,6 +179,7 @@ class RolloutDriver:
                 await asyncio.gather(*callbacks)
         finally:
             poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
             await self._abort(pending)
             for cb in callbacks:
                 cb.cancel()

@@ -131,3 +131,22 @@ def test_a_request_that_keeps_failing_fails_the_rollout_and_aborts_the_rest():
     with pytest.raises(RolloutError, match="g0-s0 failed 4 times"):
         asyncio.run(RolloutDriver(fakes, cfg).run(ps, group_size=4, sampling=SamplingParams(max_tokens=MAX)))
     assert fakes[0].aborted  # chunks still in flight were aborted on their instance
+
+
+@pytest.mark.timeout(30)
+def test_cancelling_a_rollout_aborts_its_chunks_on_the_instances():
+    ps = prompts(3, prompt_len=4)
+    fakes = fake_cluster(2, ps, LENGTHS, step_s=0.05)
+
+    async def main():
+        task = asyncio.create_task(RolloutDriver(fakes, SchedulerConfig(chunk_size=CHUNK)).run(
+            ps, group_size=4, sampling=SamplingParams(max_tokens=MAX)))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    aborted = {r for f in fakes for r in f.aborted}
+    started = {g.request_id for f in fakes for g in f.requests}
+    assert aborted and aborted <= started
