@@ -9,7 +9,6 @@ so no extra forward pass is spent on them.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -120,13 +119,11 @@ class Trainer:
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
-        self.model = build_gpt_model(self.arch, self.dtype)
-        load_hf_weights(self.model, read_hf_state_dict(self.hf_path), self.arch)
-        self.model.to(self.device)
-        self.ref_model = None
+        hf_state = read_hf_state_dict(self.hf_path)
+        self.model = self._build(hf_state)
+        self.ref_model = None  # the initial weights, frozen (also after a resume)
         if self.config.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
-            self.ref_model.requires_grad_(False)
+            self.ref_model = self._build(hf_state).eval().requires_grad_(False)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.optimizer = torch.optim.AdamW(
@@ -136,6 +133,11 @@ class Trainer:
             eps=self.config.adam_eps,
         )
         self.iteration = 0
+
+    def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
+        model = build_gpt_model(self.arch, self.dtype)
+        load_hf_weights(model, hf_state, self.arch)
+        return model.to(self.device)
 
     # ---- forward helpers -------------------------------------------------------------------
 
