@@ -1,0 +1,151 @@
+"""Async token-in/token-out client for one vLLM OpenAI-compatible server.
+
+RL needs exact token ids and their logprobs (re-tokenising text is lossy), so requests carry
+prompt token ids and ask for `return_token_ids`. Aborting is cancelling: vLLM aborts a request
+whose HTTP connection closes, so `abort()` cancels the in-flight call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from seer.rollout.backend import Telemetry
+from seer.rollout.telemetry import telemetry_from_metrics
+from seer.rollout.types import GenerateRequest, GenerateResult
+
+
+class InstanceError(RuntimeError):
+    """The instance rejected a request (a bug in the request, not a transient fault)."""
+
+
+class InstanceUnavailable(ConnectionError):
+    """The instance could not be reached or died while serving."""
+
+
+class InstanceClient:
+    """One vLLM server reached over HTTP; implements seer.rollout.backend.InstanceBackend."""
+
+    def __init__(self, name: str, base_url: str, model: str | None = None, request_timeout_s: float = 3600.0):
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._inflight: dict[str, asyncio.Task] = {}
+
+    async def _http(self) -> aiohttp.ClientSession:
+        # A session belongs to one event loop; each asyncio.run() (one per iteration) gets its own.
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0)
+            )
+            self._session_loop = loop
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def served_model(self) -> str:
+        """The model name the server registered (needed in every completion request)."""
+        if self.model is None:
+            async with (await self._http()).get(f"{self.base_url}/v1/models") as r:
+                data = await r.json()
+            self.model = data["data"][0]["id"]
+        return self.model
+
+    def _payload(self, req: GenerateRequest, model: str) -> dict:
+        sp = req.sampling
+        body = {
+            "model": model,
+            "prompt": list(req.prompt_ids),
+            "max_tokens": int(req.max_tokens),
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "top_k": sp.top_k,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if req.logprobs:
+            body["logprobs"] = 0
+        if sp.seed is not None:
+            body["seed"] = int(sp.seed)
+        return body
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        task = asyncio.ensure_future(self._generate(req))
+        self._inflight[req.request_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task.cancelled():  # aborted through abort(): report, don't propagate
+                now = time.time()
+                return GenerateResult(req.request_id, [], [], "abort", 0, len(req.prompt_ids), self.name, now, now)
+            raise
+        finally:
+            self._inflight.pop(req.request_id, None)
+
+    async def _generate(self, req: GenerateRequest) -> GenerateResult:
+        model = await self.served_model()
+        start = time.time()
+        try:
+            async with (await self._http()).post(
+                f"{self.base_url}/v1/completions",
+                json=self._payload(req, model),
+                headers={"X-Request-Id": req.request_id},
+            ) as r:
+                data = await r.json(content_type=None)
+                if r.status >= 400:
+                    msg = data.get("error", data) if isinstance(data, dict) else data
+                    if isinstance(msg, dict):
+                        msg = msg.get("message", msg)
+                    raise InstanceError(f"{self.name}: request {req.request_id} rejected ({r.status}): {msg}")
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+            raise InstanceUnavailable(f"{self.name} at {self.base_url}: {e!r}") from e
+        choice = data["choices"][0]
+        token_ids = list(choice.get("token_ids") or [])
+        logprobs = []
+        if req.logprobs and choice.get("logprobs"):
+            logprobs = [float(x) if x is not None else 0.0 for x in choice["logprobs"]["token_logprobs"]]
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        finish = choice.get("finish_reason") or "stop"
+        return GenerateResult(
+            request_id=req.request_id,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason="length" if finish == "length" else ("abort" if finish == "abort" else "stop"),
+            cached_prefix_tokens=int(details.get("cached_tokens") or 0),
+            prompt_tokens=int(usage.get("prompt_tokens") or len(req.prompt_ids)),
+            instance=self.name,
+            start_time=start,
+            finish_time=time.time(),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        task = self._inflight.get(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def metrics_text(self) -> str:
+        try:
+            async with (await self._http()).get(f"{self.base_url}/metrics") as r:
+                return await r.text()
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+            raise InstanceUnavailable(f"{self.name} at {self.base_url}: {e!r}") from e
+
+    async def telemetry(self) -> Telemetry:
+        return telemetry_from_metrics(self.name, await self.metrics_text())
+
+    async def healthy(self) -> bool:
+        try:
+            async with (await self._http()).get(f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False

@@ -1,0 +1,71 @@
+"""Parse a vLLM instance's Prometheus /metrics text into a Telemetry snapshot.
+
+Schedulers place work by free KV memory and queue depth; vLLM already exports both, so we
+read them rather than instrumenting the engine.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from seer.rollout.backend import Telemetry
+
+_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{[^}]*\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample line as (metric name, labels, value); comments skipped."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        labels = dict(_LABEL.findall(m.group("labels") or ""))
+        out.append((m.group("name"), labels, value))
+    return out
+
+
+def _sum(samples, name: str, **match: str) -> float:
+    return sum(
+        v for n, lab, v in samples if n == name and all(lab.get(k) == want for k, want in match.items())
+    )
+
+
+def kv_capacity_tokens(samples) -> int:
+    """KV slots of the instance, from cache_config_info's labels (0 when not exported)."""
+    for name, labels, _ in samples:
+        if name == "vllm:cache_config_info":
+            if labels.get("kv_cache_size_tokens", "None") not in ("None", ""):
+                return int(float(labels["kv_cache_size_tokens"]))
+            blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
+            if blocks not in (None, "None") and size not in (None, "None"):
+                return int(blocks) * int(size)
+    return 0
+
+
+def telemetry_from_metrics(instance: str, text: str, now: float | None = None) -> Telemetry:
+    s = parse_prometheus(text)
+    return Telemetry(
+        instance=instance,
+        time=time.monotonic() if now is None else now,
+        kv_usage=_sum(s, "vllm:kv_cache_usage_perc"),
+        kv_capacity_tokens=kv_capacity_tokens(s),
+        num_running=int(_sum(s, "vllm:num_requests_running")),
+        num_waiting=int(_sum(s, "vllm:num_requests_waiting")),
+        preemptions_total=int(_sum(s, "vllm:num_preemptions_total")),
+        spec_num_drafts=int(_sum(s, "vllm:spec_decode_num_drafts_total")),
+        spec_num_draft_tokens=int(_sum(s, "vllm:spec_decode_num_draft_tokens_total")),
+        spec_num_accepted_tokens=int(_sum(s, "vllm:spec_decode_num_accepted_tokens_total")),
+        prefix_cache_queries=int(_sum(s, "vllm:prefix_cache_queries_total")),
+        prefix_cache_hits=int(_sum(s, "vllm:prefix_cache_hits_total")),
+        external_prefix_cache_queries=int(_sum(s, "vllm:external_prefix_cache_queries_total")),
+        external_prefix_cache_hits=int(_sum(s, "vllm:external_prefix_cache_hits_total")),
+    )
