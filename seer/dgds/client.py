@@ -40,7 +40,7 @@ from seer.dgds.drafting import draft
 from seer.dgds.proto import dgds_pb2 as pb
 from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.replica import GroupReplica, ReplicaGap
-from seer.dgds.server import UNKNOWN_GROUP_KEY
+from seer.dgds.server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
 from seer.dgds.types import Draft, Segment, SpeculateRow
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class _Group:
     ttl: float
     touched: float  # last register/append by the caller (local lease)
     registered: bool = False
+    resume: bool = False  # the server lost it: re-register only if it did not end there
     replica: GroupReplica | None = None
     unapplied: dict[str, list[int]] = field(default_factory=dict)  # own tokens awaiting a replica
     own: dict[str, _OwnRequest] = field(default_factory=dict)
@@ -324,25 +325,35 @@ class DraftClient:
             return []
         return [v for k, v in (err.trailing_metadata() or ()) if k == UNKNOWN_GROUP_KEY]
 
-    def _lost(self, group_ids: Sequence[str]) -> None:
-        """The server does not know these groups (expired or restarted): register and resend."""
+    def _lost(self, err: grpc.RpcError) -> list[str]:
+        """Handle NOT_FOUND: groups finished or expired on the server are dropped here too; groups
+        it does not know at all (a restart) are registered again and their tokens resent."""
+        lost = self._unknown_groups(err)
+        ended = {v for k, v in (err.trailing_metadata() or ()) if k == ENDED_GROUP_KEY}
         with self._lock:
-            for gid in group_ids:
+            for gid in lost:
+                if gid in ended:
+                    self._groups.pop(gid, None)
+                    continue
                 g = self._groups.get(gid)
                 if g is not None:
                     g.registered = False
+                    g.resume = True
                     for own in g.own.values():
                         own.acked = 0
                     if g.replica is not None:
                         g.replica.cursor = 0
+        return lost
 
     def _register_pending(self) -> bool:
         with self._lock:
-            todo = [(gid, g.ttl) for gid, g in self._groups.items() if not g.registered]
+            todo = [(gid, g.ttl, g.resume) for gid, g in self._groups.items() if not g.registered]
         ok = True
-        for gid, ttl in todo:
-            resp, err = self._call(self._stub.RegisterGroup, pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl))
+        for gid, ttl, resume in todo:
+            req = pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl, resume=resume)
+            resp, err = self._call(self._stub.RegisterGroup, req)
             if err is not None:
+                self._lost(err)
                 log.debug("register %s failed: %s", gid, err.code())
                 ok = False
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -353,6 +364,7 @@ class DraftClient:
                 if g is None:
                     continue
                 g.registered = True
+                g.resume = False
                 if g.replica is None or g.replica.tree.max_depth != resp.max_depth:
                     old = g.replica
                     g.replica = GroupReplica(gid, resp.max_depth)
@@ -380,9 +392,7 @@ class DraftClient:
             return True
         resp, err = self._call(self._stub.UpdateCst, pb.UpdateCstRequest(updates=updates))
         if err is not None:
-            lost = self._unknown_groups(err)
-            if lost:
-                self._lost(lost)
+            self._lost(err)
             log.debug("update_cst failed: %s", err.code())
             return False
         self._stats["update_calls"] += 1
@@ -412,10 +422,9 @@ class DraftClient:
             )
             resp, err = self._call(self._stub.FetchCst, req)
             if err is not None:
-                lost = self._unknown_groups(err)
+                lost = self._lost(err)
                 if not lost:
                     return False
-                self._lost(lost)
                 ok = False
                 for gid in lost:
                     cursors.pop(gid, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections import OrderedDict
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -28,10 +29,15 @@ class DgdsError(Exception):
 
 
 class UnknownGroups(DgdsError):
-    """Some named groups are not registered (never, finished, or expired) -> NOT_FOUND."""
+    """Some named groups are not registered (never, finished, or expired) -> NOT_FOUND.
 
-    def __init__(self, group_ids: Sequence[str]):
+    ``ended`` lists those the server knows were finished or expired (recent ones): clients drop
+    them, while a group that is simply unknown (e.g. the server restarted) may be registered again.
+    """
+
+    def __init__(self, group_ids: Sequence[str], ended: Sequence[str] = ()):
         self.group_ids = list(dict.fromkeys(group_ids))
+        self.ended = [g for g in self.group_ids if g in set(ended)]
         super().__init__("unknown group(s): " + ", ".join(self.group_ids[:10]))
 
 
@@ -198,11 +204,14 @@ class GroupStore:
         self._groups: dict[str, GroupState] = {}
         self._lock = threading.Lock()
         self.expired_total = 0
+        self._ended: OrderedDict[str, None] = OrderedDict()  # recently finished/expired ids
+        self._max_ended = 100_000
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    def register(self, group_id: str, ttl_seconds: float) -> int:
-        """Create the group or refresh its lease; returns the tree depth replicas must use."""
+    def register(self, group_id: str, ttl_seconds: float, resume: bool = False) -> int:
+        """Create the group or refresh its lease; returns the tree depth replicas must use.
+        ``resume``: only if the group did not end (finish/expiry) recently."""
         _check_id("group_id", group_id, self.limits)
         if not ttl_seconds > 0:
             raise Malformed("ttl_seconds must be > 0")
@@ -212,12 +221,15 @@ class GroupStore:
             now = self.clock()
             g = self._live(group_id, now)
             if g is None:
+                if resume and group_id in self._ended:
+                    raise UnknownGroups([group_id], [group_id])
                 if len(self._groups) >= self.limits.max_groups:
                     self._reap_locked(now)
                 if len(self._groups) >= self.limits.max_groups:
                     raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
                 g = GroupState(group_id, SuffixTree(self.max_depth), ttl_seconds, now + ttl_seconds)
                 self._groups[group_id] = g
+                self._ended.pop(group_id, None)
             else:
                 g.ttl = ttl_seconds
                 g.expires_at = now + ttl_seconds
@@ -230,6 +242,13 @@ class GroupStore:
             if self._live(group_id, self.clock()) is None:
                 raise UnknownGroups([group_id])
             del self._groups[group_id]
+            self._mark_ended(group_id)
+
+    def _mark_ended(self, group_id: str) -> None:
+        self._ended[group_id] = None
+        self._ended.move_to_end(group_id)
+        while len(self._ended) > self._max_ended:
+            self._ended.popitem(last=False)
 
     def reap(self) -> int:
         """Free every expired group; returns how many."""
@@ -240,6 +259,7 @@ class GroupStore:
         dead = [gid for gid, g in self._groups.items() if g.expires_at <= now]
         for gid in dead:
             del self._groups[gid]
+            self._mark_ended(gid)
         self.expired_total += len(dead)
         return len(dead)
 
@@ -247,6 +267,7 @@ class GroupStore:
         g = self._groups.get(group_id)
         if g is not None and g.expires_at <= now:
             del self._groups[group_id]
+            self._mark_ended(group_id)
             self.expired_total += 1
             return None
         return g
@@ -255,7 +276,7 @@ class GroupStore:
         found = [self._live(gid, now) for gid in group_ids]
         missing = [gid for gid, g in zip(group_ids, found) if g is None]
         if missing:
-            raise UnknownGroups(missing)
+            raise UnknownGroups(missing, [g for g in missing if g in self._ended])
         return found  # type: ignore[return-value]
 
     # ---- data --------------------------------------------------------------------------

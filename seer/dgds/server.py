@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "seer.dgds.v1.DraftServer"
 UNKNOWN_GROUP_KEY = "seer-dgds-unknown-group"
+ENDED_GROUP_KEY = "seer-dgds-ended-group"  # subset of the unknown ones: finished or expired
 # Rough memory per tree node and per stored token (Python objects); good to a factor ~1.5.
 NODE_BYTES = 150
 TOKEN_BYTES = 40
@@ -59,7 +60,9 @@ def _rpc(method: Callable) -> Callable:
             ok = True
             return out
         except UnknownGroups as e:
-            context.set_trailing_metadata([(UNKNOWN_GROUP_KEY, g) for g in e.group_ids[:100]])
+            context.set_trailing_metadata(
+                [(UNKNOWN_GROUP_KEY, g) for g in e.group_ids[:100]] + [(ENDED_GROUP_KEY, g) for g in e.ended[:100]]
+            )
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except Malformed as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -80,7 +83,7 @@ class DraftServicer(pb_grpc.DraftServerServicer):
 
     @_rpc
     def RegisterGroup(self, request: pb.RegisterGroupRequest, context) -> pb.RegisterGroupResponse:
-        depth = self.store.register(request.group_id, request.ttl_seconds)
+        depth = self.store.register(request.group_id, request.ttl_seconds, request.resume)
         return pb.RegisterGroupResponse(max_depth=depth)
 
     @_rpc

@@ -21,12 +21,14 @@ BUFFERED: UpdateStatus
 CONFLICT: UpdateStatus
 
 class RegisterGroupRequest(_message.Message):
-    __slots__ = ("group_id", "ttl_seconds")
+    __slots__ = ("group_id", "ttl_seconds", "resume")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     ttl_seconds: float
-    def __init__(self, group_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+    resume: bool
+    def __init__(self, group_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RegisterGroupResponse(_message.Message):
     __slots__ = ("max_depth",)

@@ -1,0 +1,211 @@
+"""The draft server over real gRPC on 127.0.0.1, and the client against it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from seer.dgds.client import DraftClient
+from seer.dgds.group_store import Limits
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.server import SERVICE_NAME, UNKNOWN_GROUP_KEY, DgdsServer
+from seer.dgds.types import DraftParams, SpeculateRow
+
+PARAMS = pb.DraftParams(max_spec_tokens=4, pattern_lookup_min=1, pattern_lookup_max=8, top_k=1, min_token_prob=0.0)
+
+
+@pytest.fixture
+def server():
+    srv = DgdsServer(
+        "127.0.0.1", 0, max_depth=16, reap_interval_s=0.05,
+        limits=Limits(max_tokens_per_update=1000, max_rows_per_speculate=50), max_message_bytes=1 << 20,
+    ).start()
+    yield srv
+    srv.stop(0.5)
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.address) as ch:
+        yield pb_grpc.DraftServerStub(ch)
+
+
+def code_of(call, *args) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        call(*args, timeout=5)
+    return e.value.code()
+
+
+def still_serving(stub) -> None:
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="alive", ttl_seconds=30), timeout=5)
+    r = stub.UpdateCst(pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="alive", request_id="r",
+                                                                   prev_token_count=0, new_tokens=[1, 2, 1, 2])]), timeout=5)
+    assert r.results[0].status == pb.APPLIED or r.results[0].status == pb.DUPLICATE
+
+
+def test_health_serving(server):
+    with grpc.insecure_channel(server.address) as ch:
+        h = health_pb2_grpc.HealthStub(ch)
+        for service in ("", SERVICE_NAME):
+            resp = h.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_update_fetch_speculate_roundtrip(stub):
+    assert stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=30), timeout=5).max_depth == 16
+    ups = [pb.CstUpdate(group_id="g", request_id="a", prev_token_count=0, new_tokens=[1, 2, 3, 4, 5]),
+           pb.CstUpdate(group_id="g", request_id="b", prev_token_count=2, new_tokens=[9]),   # ahead of a gap
+           pb.CstUpdate(group_id="g", request_id="b", prev_token_count=0, new_tokens=[1, 2])]
+    res = stub.UpdateCst(pb.UpdateCstRequest(updates=ups), timeout=5).results
+    assert [r.status for r in res] == [pb.APPLIED, pb.BUFFERED, pb.APPLIED]
+    assert res[2].committed_token_count == 3
+    inc = stub.FetchCst(pb.FetchCstRequest(caches=[pb.CacheState(group_id="g", log_offset=0)]), timeout=5).groups[0]
+    got = {(s.request_id, s.start, tuple(s.tokens)) for s in inc.segments}
+    assert got == {("a", 0, (1, 2, 3, 4, 5)), ("b", 0, (1, 2)), ("b", 2, (9,))}
+    again = stub.FetchCst(pb.FetchCstRequest(caches=[pb.CacheState(group_id="g", log_offset=inc.next)]), timeout=5)
+    assert list(again.groups[0].segments) == [] and again.groups[0].next == inc.next
+    d = stub.BatchSpeculate(pb.BatchSpeculateRequest(rows=[
+        pb.SpeculateRow(request_id="b", group_id="g", context=[7, 1, 2], params=PARAMS)]), timeout=5).drafts[0]
+    assert d.match_len == 2 and list(d.paths[0].tokens[:2]) == [3, 4]
+
+
+def test_unknown_group_is_not_found(stub):
+    for call, req in [
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="ghost", request_id="r", new_tokens=[1])])),
+        (stub.FetchCst, pb.FetchCstRequest(caches=[pb.CacheState(group_id="ghost")])),
+        (stub.FinishGroup, pb.FinishGroupRequest(group_id="ghost")),
+        (stub.BatchSpeculate, pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(request_id="r", group_id="ghost",
+                                                                             context=[1], params=PARAMS)])),
+    ]:
+        with pytest.raises(grpc.RpcError) as e:
+            call(req, timeout=5)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert (UNKNOWN_GROUP_KEY, "ghost") in tuple(e.value.trailing_metadata())
+    still_serving(stub)
+
+
+def test_malformed_and_oversized_requests_are_rejected_and_serving_continues(stub):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=30), timeout=5)
+    invalid = [
+        (stub.RegisterGroup, pb.RegisterGroupRequest(group_id="", ttl_seconds=5)),
+        (stub.RegisterGroup, pb.RegisterGroupRequest(group_id="g", ttl_seconds=-1)),
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="g", request_id="r", prev_token_count=-3, new_tokens=[1])])),
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="g", request_id="r", new_tokens=[1, -2])])),
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="g", request_id="", new_tokens=[1])])),
+        (stub.FetchCst, pb.FetchCstRequest(caches=[pb.CacheState(group_id="g", log_offset=999)])),
+        (stub.BatchSpeculate, pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(request_id="r", group_id="g", context=[1])])),
+        (stub.BatchSpeculate, pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(
+            request_id="r", group_id="g", context=[1],
+            params=pb.DraftParams(max_spec_tokens=4, pattern_lookup_min=5, pattern_lookup_max=2, top_k=1))])),
+    ]
+    for call, req in invalid:
+        assert code_of(call, req) == grpc.StatusCode.INVALID_ARGUMENT, req
+        still_serving(stub)
+    oversized = [
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="g", request_id="r", new_tokens=[1] * 1001)])),
+        (stub.BatchSpeculate, pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(request_id="r", group_id="g", context=[1],
+                                                                             params=PARAMS)] * 51)),
+        # over the server's 1 MiB message limit: gRPC itself refuses it
+        (stub.UpdateCst, pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="g", request_id="r", new_tokens=[2**30] * 300_000)])),
+    ]
+    for call, req in oversized:
+        assert code_of(call, req) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        still_serving(stub)
+    # nothing of the failed calls was applied
+    inc = stub.FetchCst(pb.FetchCstRequest(caches=[pb.CacheState(group_id="g")]), timeout=5).groups[0]
+    assert list(inc.segments) == []
+
+
+def test_expired_groups_are_freed(server, stub):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="short", ttl_seconds=0.2), timeout=5)
+    stub.UpdateCst(pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="short", request_id="r", new_tokens=list(range(50)))]), timeout=5)
+    m = stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)
+    assert m.groups == 1 and m.tokens == 50 and m.nodes > 1 and m.approx_bytes > 0
+    deadline = time.monotonic() + 5
+    while stub.GetMetrics(pb.GetMetricsRequest(), timeout=5).groups and time.monotonic() < deadline:
+        time.sleep(0.05)
+    m = stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)
+    assert (m.groups, m.tokens, m.nodes, m.expired_groups_total) == (0, 0, 0, 1)  # freed by the reaper
+    assert code_of(stub.FetchCst, pb.FetchCstRequest(caches=[pb.CacheState(group_id="short")])) == grpc.StatusCode.NOT_FOUND
+    rpcs = {r.method: r for r in m.rpcs}
+    assert rpcs["UpdateCst"].calls == 1 and rpcs["GetMetrics"].calls >= 1 and rpcs["UpdateCst"].p50_ms > 0
+
+
+def test_finish_group_frees_it(stub):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=30), timeout=5)
+    stub.FinishGroup(pb.FinishGroupRequest(group_id="g"), timeout=5)
+    assert stub.GetMetrics(pb.GetMetricsRequest(), timeout=5).groups == 0
+
+
+def test_clients_share_group_context_through_the_server(server):
+    """Two instances hold different requests of one group; each drafts from the other's tokens."""
+    a = DraftClient(server.address, update_batch_tokens=3, fetch_interval_s=0.02)
+    b = DraftClient(server.address, update_batch_tokens=3, fetch_interval_s=0.02)
+    try:
+        a.register_group("g", 30)
+        b.register_group("g", 30)
+        sibling = [10, 11, 12, 13, 14, 15, 16, 17]
+        for i in range(0, len(sibling), 2):  # token by token, as decoding produces them
+            a.append("g", "r0", sibling[i : i + 2])
+        b.append("g", "r1", [99, 10, 11])
+        assert a.sync(5) and b.sync(5) and a.sync(5)
+        row = SpeculateRow("r1", "g", [99, 10, 11], DraftParams(max_spec_tokens=4, pattern_lookup_max=4))
+        [d] = b.batch_speculate([row])
+        assert d.tokens == (12, 13, 14, 15) and d.match_len == 2
+        # replicas on both instances equal the server's tree
+        server_tree = server.store.tree("g").snapshot()
+        assert a.replica("g").tree.snapshot() == server_tree == b.replica("g").tree.snapshot()
+        assert a.stats().unacked_tokens == 0 and a.stats().rpc_errors == 0
+        # a group the server lost (a restart: it never heard of it) is registered again and resent
+        server.store._groups.clear()
+        a.append("g", "r0", [18])
+        assert a.sync(5) or a.sync(5)
+        assert server.store.tree("g").seqs[0] == sibling + [18]
+        # finish_group frees it on the server, and the other instance drops it too
+        a.finish_group("g")
+        deadline = time.monotonic() + 5
+        while (server.store.stats()["groups"] or b.has_replica("g")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.store.stats()["groups"] == 0
+        assert not a.has_replica("g") and not b.has_replica("g")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_client_without_server_returns_empty_drafts_and_never_raises():
+    with DraftClient("127.0.0.1:1", fetch_interval_s=0.01, rpc_timeout_s=0.2) as c:
+        c.register_group("g", 10)
+        c.append("g", "r", [1, 2, 3, 1, 2, 3])
+        t0 = time.perf_counter()
+        drafts = c.batch_speculate([SpeculateRow("r", "g", [1, 2], DraftParams())] * 256)
+        assert time.perf_counter() - t0 < 0.5
+        assert all(d.paths == () for d in drafts)
+        assert not c.sync(0.3)
+        assert c.stats().rpc_errors > 0 and c.stats().unacked_tokens == 6
+
+
+def test_cli_serves_health_and_shuts_down_gracefully():
+    proc = subprocess.Popen([sys.executable, "-m", "seer.dgds.cli", "serve", "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving on 127.0.0.1:" in line, line + proc.stderr.read()
+        address = line.rsplit(" ", 1)[1].strip()
+        with grpc.insecure_channel(address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
