@@ -16,7 +16,6 @@ on that.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Iterable, Iterator, Sequence
 
 
@@ -42,8 +41,9 @@ class SuffixTree:
             raise ValueError("max_depth must be >= 2")
         self.max_depth = max_depth
         self.root = Node(None, 0, 0, -1, -1)
+        self.root.children = {}  # never None, so `children is None` means a non-root leaf
         self.seqs: list[list[int]] = []
-        self._active: list[deque[Node]] = []
+        self._active: list[list[Node]] = []  # per sequence: where its growing windows end
         self.num_nodes = 1
 
     # ---- building -------------------------------------------------------------------------
@@ -51,7 +51,7 @@ class SuffixTree:
     def add_sequence(self) -> int:
         """Start a new, empty sequence; returns its index."""
         self.seqs.append([])
-        self._active.append(deque())
+        self._active.append([])
         return len(self.seqs) - 1
 
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
@@ -67,23 +67,23 @@ class SuffixTree:
             active.append(root)
             root.count += 1
             if len(active) > max_depth:
-                active.popleft()  # that window is max_depth long: it stops growing
+                del active[0]  # that window is max_depth long: it stops growing
             seq.append(tok)
-            for i in range(len(active)):
-                node = active[i]
+            for i, node in enumerate(active):
                 children = node.children
-                child = children.get(tok) if children is not None else None
-                if child is None:
-                    if node.count == 1 and node is not root:
+                if children is None:
+                    if node.count == 1:
                         node.length += 1  # a leaf only this window reaches: grow it in place
                     else:
-                        new = Node(node, 1, 1, seq_id, n)
-                        if children is None:
-                            node.children = {tok: new}
-                        else:
-                            children[tok] = new
-                        active[i] = new
+                        active[i] = new = Node(node, 1, 1, seq_id, n)
+                        node.children = {tok: new}
                         created += 1
+                    continue
+                child = children.get(tok)
+                if child is None:
+                    # (a non-root node with children has count >= 2: this window ends here too)
+                    active[i] = children[tok] = Node(node, 1, 1, seq_id, n)
+                    created += 1
                 elif node.count == child.count + 1 and node is not root:
                     # This window ends at `node`, and every other window through `node` continues
                     # with `tok`: the node boundary moves one token down.
