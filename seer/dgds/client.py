@@ -46,6 +46,12 @@ from seer.dgds.types import Draft, Segment, SpeculateRow
 log = logging.getLogger(__name__)
 
 
+def _ints(tokens: Sequence[int]) -> list[int]:
+    """Plain ints from a list, tuple, numpy array or torch tensor (tensors do not hash by value)."""
+    tolist = getattr(tokens, "tolist", None)
+    return tolist() if tolist is not None else [int(t) for t in tokens]
+
+
 @dataclass
 class _OwnRequest:
     acked: int = 0  # tokens the server has committed
@@ -145,14 +151,14 @@ class DraftClient:
         Returns at once; the tokens reach the local replica and the server in the background."""
         if tokens is None or len(tokens) == 0:
             return
-        self._inbox.append(("append", group_id, request_id, list(tokens), 0.0))
+        self._inbox.append(("append", group_id, request_id, _ints(tokens), 0.0))
         self._wake.set()
 
     def append_many(self, rows: Iterable[tuple[str, str, Sequence[int]]]) -> None:
         """``append`` for many (group_id, request_id, tokens) rows (one decode step of a batch)."""
         for group_id, request_id, tokens in rows:
             if len(tokens):
-                self._inbox.append(("append", group_id, request_id, list(tokens), 0.0))
+                self._inbox.append(("append", group_id, request_id, _ints(tokens), 0.0))
         self._wake.set()
 
     def finish_request(self, group_id: str, request_id: str) -> None:
@@ -188,7 +194,7 @@ class DraftClient:
                     out.append(Draft(row.request_id))
                     continue
                 ctx = row.context
-                tail = list(ctx[len(ctx) - min(len(ctx), row.params.pattern_lookup_max):])
+                tail = _ints(ctx[len(ctx) - min(len(ctx), row.params.pattern_lookup_max):])
                 paths, match_len = draft(g.replica.tree, tail, row.params)
                 out.append(Draft(row.request_id, tuple(paths), match_len))
         return out

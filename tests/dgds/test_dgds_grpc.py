@@ -209,3 +209,13 @@ def test_cli_serves_health_and_shuts_down_gracefully():
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_client_accepts_numpy_tokens(server):
+    np = pytest.importorskip("numpy")
+    with DraftClient(server.address, update_batch_tokens=2, fetch_interval_s=0.02) as c:
+        c.register_group("g", 30)
+        c.append("g", "r", np.array([4, 5, 6, 4, 5, 6, 4], dtype=np.int64))
+        assert c.sync(5)
+        [d] = c.batch_speculate([SpeculateRow("r", "g", np.array([1, 4, 5]), DraftParams(max_spec_tokens=3))])
+        assert d.tokens == (6, 4, 5) and all(type(t) is int for t in d.tokens)
