@@ -1,0 +1,66 @@
+"""`seer-run`: the main command. `seer-run --sync` runs synchronous on-policy GRPO."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from rich.console import Console
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="seer-run", description=__doc__)
+    p.add_argument("--sync", action="store_true", help="synchronous, strictly on-policy RL (the only mode)")
+    p.add_argument("--config", "-c", help="YAML config file (defaults apply to what it leaves out)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set scheduler.chunk_size=256 (repeatable)")
+    p.add_argument("--iterations", type=int, help="number of iterations (overrides the config)")
+    p.add_argument("--train", choices=["on", "off"], help="off: rollout and reward only")
+    p.add_argument("--run-dir", help="where metrics, logs and checkpoints go (overrides run_dir)")
+    return p.parse_args(argv)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if not args.sync:
+        console.print("[red]seer-run: only synchronous on-policy training is supported; pass --sync[/]")
+        return 2
+    from seer.config import ConfigError, load_config
+
+    overrides = list(args.overrides)
+    if args.iterations is not None:
+        overrides.append(f"iterations={args.iterations}")
+    if args.train is not None:
+        overrides.append(f"train.enabled={'true' if args.train == 'on' else 'false'}")
+    if args.run_dir is not None:
+        overrides.append(f"run_dir={args.run_dir}")
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        console.print(f"[red]seer-run: invalid configuration: {e}[/]")
+        return 2
+    # SIGTERM behaves like Ctrl-C: unwind, so the instance pool shuts down.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    from seer.loop import SyncLoop
+    from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
+    from seer.model import CheckpointError
+
+    try:
+        SyncLoop(cfg, console).run()
+    except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError) as e:
+        console.print(f"[red]seer-run: {e}[/]")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]seer-run: interrupted; instances stopped[/]")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The run configuration: YAML file + `--set key=value` overrides → typed, validated sections.
+
+Each subsystem owns its section's dataclass (SchedulerConfig, TaskConfig, TrainerConfig, …);
+this module only composes them, converts YAML values to the declared types, and rejects bad
+input before anything starts, naming the offending key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from seer.scheduler.config import SchedulerConfig
+from seer.tasks.dataset import TaskConfig
+from seer.trainer.trainer import TrainerConfig
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, mistyped or out of range; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = None  # a local HF checkpoint dir; None = the embedded default model
+    preset: str = "default"  # embedded default preset (when path is None)
+    dtype: str = "float32"  # fp32 on CPU: bf16 is ~4x slower on AVX2-only cores
+    max_model_len: int | None = None  # None = the checkpoint's max_position_embeddings
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    groups_per_iteration: int = 32
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 2048
+    reward_workers: int = 2
+    reward_error_policy: Literal["zero", "abort"] = "zero"
+
+
+@dataclass(frozen=True)
+class InstancesConfig:
+    count: int = 2
+    urls: list[str] = field(default_factory=list)  # connect to running servers instead of launching
+    kv_cache_bytes: int | None = 256 * 2**20  # per instance; CPU RAM reserved for KV blocks
+    max_num_seqs: int = 256
+    startup_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    enabled: bool = True
+    checkpoint_every: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: str = "runs/default"
+    seed: int = 0
+    iterations: int = 3
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    instances: InstancesConfig = field(default_factory=InstancesConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Defaults ← YAML file ← `key.path=value` overrides, then type conversion and validation."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of settings, not {type(loaded).__name__}")
+        data = loaded or {}
+    for item in overrides:
+        apply_override(data, item)
+    cfg = build(RunConfig, data, "")
+    validate(cfg)
+    return cfg
+
+
+def apply_override(data: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value (for example scheduler.chunk_size=256)")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: empty key component")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def build(cls, data: Any, prefix: str):
+    """Instantiate dataclass `cls` from a mapping, converting each value to its declared type."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key {prefix or '<root>'!r}: expected a mapping of settings, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(f"unknown config key {where!r}; known keys here: {', '.join(sorted(known))}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _convert(hints[name], value, f"{prefix}.{name}" if prefix else name)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config section {prefix or '<root>'!r}: {e}") from e
+
+
+def _convert(tp, value: Any, key: str):
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"config key {key!r}: {value!r} fits none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key {key!r}: {value!r} is not one of {list(args)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key {key!r}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"config key {key!r}: expected {len(args)} values, got {len(value)}")
+            return tuple(_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        inner = args[0] if args else Any
+        items = [_convert(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key!r}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key {key!r}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key {key!r}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"config key {key!r}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key {key!r}: expected a string, got {value!r}")
+    return value
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key {key!r}: {why}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Range and cross-field checks: everything that would otherwise fail minutes into a run."""
+    _require(cfg.iterations >= 1, "iterations", f"must be >= 1, got {cfg.iterations}")
+    if cfg.model.max_model_len is not None:
+        _require(cfg.model.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {cfg.model.max_model_len}")
+    _require(cfg.model.dtype in ("float32", "bfloat16", "float16", "auto"), "model.dtype",
+             f"must be float32, bfloat16, float16 or auto, got {cfg.model.dtype!r}")
+    if cfg.model.path is not None:
+        _require(Path(cfg.model.path).is_dir(), "model.path", f"{cfg.model.path} is not a directory")
+    r = cfg.rollout
+    _require(r.group_size >= 2, "rollout.group_size", f"GRPO needs at least 2 samples per group, got {r.group_size}")
+    _require(r.groups_per_iteration >= 1, "rollout.groups_per_iteration", f"must be >= 1, got {r.groups_per_iteration}")
+    _require(r.max_tokens >= 1, "rollout.max_tokens", f"must be >= 1, got {r.max_tokens}")
+    if cfg.model.max_model_len is not None:
+        _require(r.max_tokens < cfg.model.max_model_len, "rollout.max_tokens",
+                 f"{r.max_tokens} leaves no room for a prompt within model.max_model_len={cfg.model.max_model_len}")
+    _require(r.temperature >= 0, "rollout.temperature", f"must be >= 0, got {r.temperature}")
+    _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+    _require(r.reward_workers >= 1, "rollout.reward_workers", f"must be >= 1, got {r.reward_workers}")
+    i = cfg.instances
+    if not i.urls:
+        cores = len(os.sched_getaffinity(0))
+        _require(i.count >= 1, "instances.count", f"must be >= 1, got {i.count}")
+        _require(i.count <= cores, "instances.count",
+                 f"{i.count} instances need at least one CPU core each, but this machine allows {cores}")
+    for n, u in enumerate(i.urls):
+        _require(u.startswith(("http://", "https://")), f"instances.urls[{n}]", f"{u!r} is not an http(s) URL")
+    if i.kv_cache_bytes is not None:
+        _require(i.kv_cache_bytes > 0, "instances.kv_cache_bytes", f"must be > 0, got {i.kv_cache_bytes}")
+    _require(i.max_num_seqs >= 1, "instances.max_num_seqs", f"must be >= 1, got {i.max_num_seqs}")
+    s = cfg.scheduler
+    _require(s.policy in ("group_rr", "divided", "context", "oracle_lfs"), "scheduler.policy",
+             f"{s.policy!r} is not one of group_rr, divided, context, oracle_lfs")
+    _require(s.chunk_size > 0, "scheduler.chunk_size", f"must be > 0, got {s.chunk_size}")
+    _require(0 < s.kv_budget_fraction <= 1, "scheduler.kv_budget_fraction", f"must be in (0, 1], got {s.kv_budget_fraction}")
+    _require(s.policy != "oracle_lfs", "scheduler.policy",
+             "oracle_lfs needs true lengths from a previous run and is for benchmarks only (seer-bench)")
+    _require(cfg.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {cfg.train.checkpoint_every}")
+    t = cfg.task
+    if t.dataset is not None:
+        _require(Path(t.dataset).is_file(), "task.dataset", f"{t.dataset} does not exist")
+        _require(bool(t.reward), "task.reward", "a JSONL dataset needs a reward function 'module:function'")
+    _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")

@@ -1,0 +1,99 @@
+"""One iteration's rollout: prompts → G samples each on the instance pool → rewards → stats.
+
+The scheduling policy (group_rr baseline, divided, context, …) is whatever the scheduler
+config names; this module only joins the driver, the asynchronous reward runner and the
+statistics into a typed RolloutBatch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
+from seer.rollout.backend import InstanceBackend
+from seer.rollout.stats import instance_stats, iteration_stats
+from seer.rollout.types import IterationStats, PromptSpec, RolloutBatch, SamplingParams
+from seer.scheduler import RolloutDriver, SchedulerConfig
+from seer.scheduler.driver import RolloutResult
+from seer.scheduler.events import Progress
+from seer.tasks.reward import RewardRunner
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        backends: Sequence[InstanceBackend],
+        scheduler: SchedulerConfig,
+        rewards: RewardRunner,
+        *,
+        group_size: int,
+        sampling: SamplingParams,
+    ):
+        self.backends = list(backends)
+        self.scheduler = scheduler
+        self.rewards = rewards
+        self.group_size = group_size
+        self.sampling = sampling
+        self.driver = RolloutDriver(self.backends, scheduler)
+
+    async def run(
+        self,
+        prompts: Sequence[PromptSpec],
+        iteration: int,
+        *,
+        weight_version: int = 0,
+        true_lengths: Mapping | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> RolloutBatch:
+        """Every sample of `prompts`, rewarded, with the iteration's stats.
+
+        Rewards start as each sample finishes (they overlap the rest of the rollout); the
+        call returns once the last reward is in.
+        """
+        base_seed = self.sampling.seed
+        sampling = SamplingParams(
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+            max_tokens=self.sampling.max_tokens,
+            seed=None if base_seed is None else base_seed * 1_000_003 + iteration,
+        )
+        try:
+            result = await self.driver.run(
+                prompts,
+                group_size=self.group_size,
+                sampling=sampling,
+                weight_version=weight_version,
+                request_id_prefix=f"it{iteration}-",
+                true_lengths=true_lengths,
+                on_sample_finished=self.rewards.submit,
+                on_progress=on_progress,
+            )
+            await self.rewards.wait_all()
+        finally:
+            for b in self.backends:  # HTTP sessions belong to this event loop
+                close = getattr(b, "close", None)
+                if close is not None:
+                    await close()
+        return RolloutBatch(samples=result.samples, stats=stats_from_result(result, iteration, [b.name for b in self.backends]))
+
+
+def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -> IterationStats:
+    """Per-iteration stats from the driver's raw chunk events and telemetry timeline."""
+    busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    tokens: dict[str, int] = defaultdict(int)
+    for c in result.chunks:
+        busy[c.instance].append((c.dispatch_time, c.complete_time))
+        tokens[c.instance] += c.new_tokens
+    finish_times = [c.complete_time for c in result.chunks if c.request_finished]
+    instances = instance_stats(names, busy, tokens, result.preemptions(), result.start_time, result.end_time)
+    kv_timeline = [
+        {"t": round(t.time - result.start_time, 3), "instance": t.instance, "kv_usage": round(t.kv_usage, 4),
+         "running": t.num_running, "waiting": t.num_waiting}
+        for t in result.telemetry
+    ]
+    extra = {**result.chunk_summary(), "policy_summary": result.policy_summary, "kv_timeline": kv_timeline}
+    return iteration_stats(
+        iteration, result.policy, result.start_time, result.end_time, finish_times,
+        result.output_tokens, instances, extra,
+    )

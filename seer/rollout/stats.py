@@ -1,0 +1,91 @@
+"""Iteration statistics: the numbers a rollout system is judged on, derived from raw events.
+
+Pure functions over finish times and per-instance busy intervals, so they are testable on
+hand-made timelines and shared by real runs, benchmarks and the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from seer.rollout.types import InstanceStats, IterationStats
+
+
+def tail_time(finish_times: Sequence[float], tail_fraction: float = 0.1) -> float:
+    """Time spent only on the last `tail_fraction` of requests to finish.
+
+    With n requests, the tail starts when the ceil((1 - f) * n)-th request finishes and ends
+    with the last one: the span during which only the slowest f of requests were still running.
+    """
+    if not finish_times:
+        return 0.0
+    t = sorted(finish_times)
+    k = max(1, math.ceil((1.0 - tail_fraction) * len(t) - 1e-9))
+    return t[-1] - t[k - 1]
+
+
+def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of [start, end) intervals, clipped to [lo, hi]."""
+    spans = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in spans:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def instance_stats(
+    names: Sequence[str],
+    busy_intervals: dict[str, list[tuple[float, float]]],
+    tokens: dict[str, int],
+    preemptions: dict[str, int],
+    start: float,
+    end: float,
+) -> list[InstanceStats]:
+    """Busy = some request of ours in flight there; idle = the rest of the iteration's wall time."""
+    wall = max(0.0, end - start)
+    out = []
+    for name in names:
+        busy = union_length(busy_intervals.get(name, []), start, end)
+        out.append(
+            InstanceStats(
+                name=name,
+                busy_s=busy,
+                idle_s=max(0.0, wall - busy),
+                output_tokens=int(tokens.get(name, 0)),
+                preemptions=int(preemptions.get(name, 0)),
+            )
+        )
+    return out
+
+
+def iteration_stats(
+    iteration: int,
+    policy: str,
+    start: float,
+    end: float,
+    finish_times: Sequence[float],
+    output_tokens: int,
+    instances: list[InstanceStats],
+    extra: dict | None = None,
+) -> IterationStats:
+    wall = max(1e-9, end - start)
+    return IterationStats(
+        iteration=iteration,
+        policy=policy,
+        wall_s=end - start,
+        output_tokens=output_tokens,
+        tokens_per_s=output_tokens / wall,
+        tail_s=tail_time(finish_times),
+        num_samples=len(finish_times),
+        preemptions=sum(i.preemptions for i in instances),
+        instances=instances,
+        extra=dict(extra or {}),
+    )
