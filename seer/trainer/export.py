@@ -33,6 +33,8 @@ def write_hf_checkpoint(
 ) -> Path:
     """Write ``hf_state`` (HF names, CPU tensors of ``dtype``) plus src_dir's non-weight files."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
+        raise ValueError(f"refusing to export over the source checkpoint {src_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in src_dir.iterdir():
         if f.is_file() and f.name not in _WEIGHT_FILES and f.name != "config.json" and not f.name.endswith(

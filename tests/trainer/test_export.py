@@ -40,6 +40,9 @@ def test_megatron_matches_hf_and_export_round_trips(fixture, request, tmp_path):
         assert torch.equal(exported[name], tensor), name
     assert (_hf_logits(out, ids) - meg).abs().max().item() < LOGIT_TOL
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    assert (out / "generation_config.json").read_text() == (src / "generation_config.json").read_text()
+    with pytest.raises(ValueError):
+        trainer.export_hf(src)  # never overwrite the checkpoint the trainer was loaded from
 
 
 def test_export_after_an_update_carries_the_new_weights(tiny_qwen2, tmp_path):
