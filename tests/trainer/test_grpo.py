@@ -98,3 +98,21 @@ def test_sft_step_lowers_nll(tiny_qwen2):
     for _ in range(3):
         last = trainer.sft_step(examples).loss
     assert last < first - 0.5
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batching_accumulates_the_same_gradient(tiny_qwen2, agg):
+    """One sequence per micro-batch must give the loss and gradient of the whole batch at once."""
+    from seer.trainer.batching import TrainSequence
+
+    seqs = [
+        TrainSequence(PROMPT, r, advantage=a) for r, a in zip(GOOD + BAD, [1.0, 0.5, -1.0, -0.5], strict=True)
+    ]
+    results = []
+    for budget in (1, 10_000):
+        trainer = Trainer(tiny_qwen2, TrainerConfig(lr=0.0, loss_agg=agg, max_tokens_per_micro_batch=budget))
+        results.append(trainer.train_sequences(seqs))
+    split, whole = results
+    assert split.loss == pytest.approx(whole.loss, abs=1e-6)
+    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-5)
+    assert split.entropy == pytest.approx(whole.entropy, rel=1e-5)
