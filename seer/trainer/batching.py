@@ -92,4 +92,5 @@ def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def make_micro_batches(seqs: list[TrainSequence], max_tokens: int, pad_id: int = 0) -> list[MicroBatch]:
-    return [collate([seqs[i] for i in plan], plan, pad_id) for plan in plan_micro_batches([s.length for s in seqs], max_tokens)]
+    plans = plan_micro_batches([s.length for s in seqs], max_tokens)
+    return [collate([seqs[i] for i in plan], plan, pad_id) for plan in plans]

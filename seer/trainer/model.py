@@ -92,7 +92,11 @@ def load_hf_weights(model: GPTModel, hf_state: dict[str, torch.Tensor], arch: HF
 
 def megatron_weights_as_hf(model: GPTModel, arch: HFArch, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The model's weights under HF names as fresh CPU tensors (no aliasing: safetensors-ready)."""
-    meg = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    meg = {
+        k: v
+        for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+    }
     hf = megatron_to_hf(meg, arch)
     return {k: v.detach().to("cpu", dtype=dtype or v.dtype).clone() for k, v in hf.items()}
 

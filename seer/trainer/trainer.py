@@ -99,6 +99,10 @@ class _Totals:
     def mean(self, name: str) -> float:
         return self.sums.get(name, 0.0) / self.tokens if self.tokens else 0.0
 
+    @property
+    def mismatch_mean(self) -> float:
+        return self.mismatch_sum / self.mismatch_tokens if self.mismatch_tokens else float("nan")
+
     def add_mismatch(self, mb: MicroBatch, recomputed: torch.Tensor) -> None:
         m = mb.mask * mb.has_rollout_logprobs.unsqueeze(1).to(mb.mask.dtype)
         if m.sum() == 0:
@@ -110,7 +114,11 @@ class _Totals:
 
 
 class Trainer:
-    """Megatron-core policy + AdamW, loaded from and exported to HF checkpoints."""
+    """Megatron-core policy + AdamW, loaded from and exported to HF checkpoints.
+
+    ``iteration`` counts completed updates (``train_step`` / ``sft_step`` calls): it is the weight
+    version of the weights held now, and what ``load_checkpoint`` returns for --resume.
+    """
 
     def __init__(self, hf_path: str | Path, config: TrainerConfig | None = None) -> None:
         self.config = config or TrainerConfig()
@@ -216,7 +224,9 @@ class Trainer:
                 logprobs = losses.token_logprobs(logits, mb.targets, cfg.temperature)
                 if k == 0:
                     self._set_old_logprobs(mb, logprobs.detach(), totals)
-                terms = losses.ppo_clip_terms(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high)
+                terms = losses.ppo_clip_terms(
+                    logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high
+                )
                 loss = losses.aggregate(terms.loss, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
                 entropy = losses.entropy_from_logits(logits if cfg.entropy_coef else logits.detach(), cfg.temperature)
                 if cfg.entropy_coef:
@@ -247,7 +257,7 @@ class Trainer:
             kl=totals.mean("kl"),
             entropy=totals.mean("entropy"),
             grad_norm=sum(grad_norms) / len(grad_norms),
-            logprob_mismatch_mean=totals.mismatch_sum / totals.mismatch_tokens if totals.mismatch_tokens else float("nan"),
+            logprob_mismatch_mean=totals.mismatch_mean,
             logprob_mismatch_max=totals.mismatch_max if totals.mismatch_tokens else float("nan"),
             tokens=int(totals.tokens),
             sequences=len(seqs),
@@ -315,7 +325,8 @@ class Trainer:
         result = self.model.load_state_dict(state["model"], strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
-            raise KeyError(f"checkpoint does not match the model: missing {missing}, unexpected {result.unexpected_keys}")
+            unexpected = result.unexpected_keys
+            raise KeyError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
         torch.set_rng_state(state["torch_rng"])
