@@ -1,0 +1,72 @@
+"""Build recipes of the embedded models: architecture plus supervised warm start.
+
+A preset is the whole recipe: its hash names the cache directory, so changing any field here
+builds a new model instead of silently reusing a stale one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from seer.tasks.running_sum import RunningSumConfig
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Qwen2 sizes. head_dim = hidden / heads must be a size vLLM's CPU attention supports (>= 32)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # < num_heads: grouped-query attention
+    intermediate_size: int
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    vocab_size: int = 128  # the character vocabulary (~100) padded
+
+
+@dataclass(frozen=True)
+class WarmStartSpec:
+    """Supervised training on reference traces of the default task (a disjoint seed)."""
+
+    train_prompts: int
+    tokens_per_batch: int  # padded tokens per optimizer step
+    lr: float
+    warmup_fraction: float = 0.05
+    min_lr_fraction: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 1234
+    threads: int = 2  # fixed: float reduction order, hence the weights, depends on it
+    task: RunningSumConfig = field(default_factory=lambda: RunningSumConfig(seed=1_000_003))
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    arch: ArchSpec
+    warm_start: WarmStartSpec | None
+    init_seed: int = 0
+
+
+PRESETS: dict[str, ModelPreset] = {
+    # ~3M parameters: decoding cost is visible on a CPU, yet it trains in minutes.
+    "default": ModelPreset(
+        name="default",
+        arch=ArchSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768),
+        warm_start=WarmStartSpec(train_prompts=3000, tokens_per_batch=4096, lr=2e-3),
+    ),
+    # For tests: builds in seconds, still emits task-shaped traces that end with EOS.
+    "tiny": ModelPreset(
+        name="tiny",
+        arch=ArchSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192),
+        warm_start=WarmStartSpec(train_prompts=1200, tokens_per_batch=2048, lr=5e-3),
+    ),
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}") from None

@@ -1,0 +1,131 @@
+import asyncio
+import time
+
+import pytest
+
+from seer.rollout.types import PromptSpec, Sample
+from seer.tasks import RewardAborted, RewardRunner, RewardSpecError, resolve_reward_fn
+
+MOD = "tests.tasks.rewards_for_tests"
+
+
+def _sample(text: str, answer=4, i=0) -> Sample:
+    prompt = PromptSpec(index=i, text="2+2=", prompt_ids=[1], reference={"answer": answer})
+    return Sample(
+        group_id=i, sample_index=0, request_id=f"r{i}", prompt=prompt, response_ids=[5, 6], logprobs=[0.0, 0.0],
+        finish_reason="stop", start_time=0.0, finish_time=0.0, instances=["i0"], response_text=text,
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("no_colon", "must look like"),
+        ("a:b:c", "must look like"),
+        (":fn", "must look like"),
+        ("seer.no_such_module:fn", "cannot import module 'seer.no_such_module'"),
+        (f"{MOD}:missing", "has no attribute 'missing'"),
+        (f"{MOD}:NOT_CALLABLE", "not a function"),
+    ],
+)
+def test_bad_reward_spec_is_a_clear_error(spec, expected):
+    with pytest.raises(RewardSpecError, match=expected):
+        resolve_reward_fn(spec)
+
+
+def test_runner_scores_right_and_wrong_answers():
+    async def go():
+        with RewardRunner(f"{MOD}:exact") as runner:
+            for i, text in enumerate(["4", "5", " 4 "]):
+                runner.submit(_sample(text, i=i))
+            return await runner.wait_all()
+
+    assert [s.reward for s in asyncio.run(go())] == [1.0, 0.0, 1.0]
+
+
+def test_raising_reward_marks_the_sample_and_scores_zero():
+    async def go():
+        with RewardRunner(f"{MOD}:boom", on_error="zero") as runner:
+            runner.submit(_sample("4"))
+            done = await runner.wait_all()
+            return done, runner.stats
+
+    (s,), stats = asyncio.run(go())
+    assert s.reward == 0.0
+    assert "ValueError: reward exploded" in s.reward_error
+    assert stats.errors == 1 and stats.scored == 1
+
+
+def test_non_numeric_reward_is_an_error():
+    async def go():
+        with RewardRunner(f"{MOD}:not_a_number") as runner:
+            return await runner.score(_sample("4"))
+
+    s = asyncio.run(go())
+    assert s.reward == 0.0 and "expected a finite float" in s.reward_error
+
+
+def test_abort_policy_raises_with_the_sample():
+    async def go():
+        with RewardRunner(f"{MOD}:boom", on_error="abort") as runner:
+            runner.submit(_sample("4", i=3))
+            await runner.wait_all()
+
+    with pytest.raises(RewardAborted, match="prompt 3") as e:
+        asyncio.run(go())
+    assert e.value.sample.reward_error is not None
+
+
+def test_rewards_run_off_the_event_loop():
+    """A slow reward must not stall the loop: the rollout keeps generating meanwhile."""
+
+    def slow(text, ref):
+        time.sleep(0.3)
+        return 1.0
+
+    async def go():
+        with RewardRunner(slow, max_workers=4) as runner:
+            for i in range(4):
+                runner.submit(_sample("4", i=i))
+            t0 = time.monotonic()
+            await asyncio.sleep(0.01)
+            loop_free_after = time.monotonic() - t0
+            await runner.wait_all()
+            return loop_free_after, time.monotonic() - t0
+
+    loop_free_after, total = asyncio.run(go())
+    assert loop_free_after < 0.2
+    assert total < 1.0  # 4 x 0.3 s in parallel, not in series
+
+
+def test_timeout_marks_the_sample():
+    def hang(text, ref):
+        time.sleep(0.5)
+        return 1.0
+
+    async def go():
+        with RewardRunner(hang, timeout_s=0.05) as runner:
+            return await runner.score(_sample("4"))
+
+    assert "TimeoutError" in asyncio.run(go()).reward_error
+
+
+def test_decode_fills_missing_text():
+    async def go():
+        with RewardRunner(f"{MOD}:exact", decode=lambda ids: "4") as runner:
+            return await runner.score(_sample(""))
+
+    assert asyncio.run(go()).reward == 1.0
+
+
+def test_process_pool_needs_a_spec_and_works_with_one():
+    with pytest.raises(ValueError, match="spec"):
+        RewardRunner(lambda t, r: 1.0, use_processes=True)
+
+    async def go():
+        with RewardRunner("seer.tasks.running_sum:score", use_processes=True, max_workers=1) as runner:
+            s = _sample("37+9=46<60\n46+9=55<60\n55+9=64>=60\nanswer 64")
+            s.prompt = PromptSpec(0, "", [1], {"start": 37, "target": 60})
+            return await runner.score(s)
+
+    assert asyncio.run(go()).reward == 1.0
