@@ -1,0 +1,183 @@
+"""The pool's own processes: `mooncake_master` and the standalone `mooncake_client` store.
+
+Both are native binaries shipped inside the `mooncake` wheel. They run under
+seer.rollout.guard, like vLLM servers, so a SIGKILL of the driver still takes them down: a
+leaked master keeps its ports and a leaked store keeps gigabytes of pinned memory.
+
+The store is a separate process on purpose: in Mooncake's default `embedded` mode the KV a
+vLLM instance writes lives in that instance's own segment and disappears when it exits; a
+standalone store outlives instances and is the pool's memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import mooncake
+
+from seer.kvpool.config import KVPoolConfig
+from seer.rollout.instance import free_port
+
+
+class PoolStartError(RuntimeError):
+    """A pool process exited or did not become ready; carries the tail of its log."""
+
+
+def mooncake_binary(name: str) -> str:
+    """Path of a native Mooncake binary in the installed wheel (made executable if needed)."""
+    path = Path(mooncake.__file__).parent / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} not found in the mooncake package at {path.parent}")
+    if not os.access(path, os.X_OK):
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class PoolEndpoints:
+    """How instances reach the pool: what goes into each instance's Mooncake JSON config."""
+
+    master_address: str  # host:port of mooncake_master's RPC service
+    metadata_server: str  # HTTP metadata server URL (transfer-engine segment descriptors)
+    metrics_url: str | None = None  # master's Prometheus /metrics, when known
+
+
+class GuardedProcess:
+    """One native process under seer.rollout.guard, logging to a file."""
+
+    def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.command = command
+        self.log_path = log_path
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env.update(self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--", *self.command],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the guard, which takes the binary's process group down."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = None if self.proc is None else self.proc.returncode
+            raise PoolStartError(f"{self.name} exited (code {code}); log {self.log_path}:\n{self.log_tail()}")
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _metric(url: str, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def start_master(cfg: KVPoolConfig, log_dir: Path) -> tuple[GuardedProcess, PoolEndpoints]:
+    """mooncake_master on cfg.host with free ports and its in-process HTTP metadata server."""
+    host = cfg.host
+    rpc, http, metrics = free_port(host), free_port(host), free_port(host)
+    cmd = [
+        mooncake_binary("mooncake_master"),
+        f"--rpc_address={host}", f"--rpc_port={rpc}", "--rpc_thread_num=2",
+        "--enable_http_metadata_server=true", f"--http_metadata_server_host={host}",
+        f"--http_metadata_server_port={http}",
+        f"--metrics_host={host}", f"--metrics_port={metrics}",
+        f"--eviction_high_watermark_ratio={cfg.eviction_high_watermark}",
+        f"--eviction_ratio={cfg.eviction_ratio}",
+        f"--default_kv_lease_ttl={cfg.kv_lease_ttl_ms}",
+        f"--client_ttl={cfg.client_ttl_s}",
+        "--logtostderr",
+    ]
+    proc = GuardedProcess("mooncake_master", cmd, log_dir / "mooncake_master.log")
+    proc.start()
+    deadline = time.monotonic() + cfg.ready_timeout_s
+    while not (_port_open(host, rpc) and _port_open(host, http) and _port_open(host, metrics)):
+        proc.check_alive()
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise PoolStartError(f"mooncake_master not ready after {cfg.ready_timeout_s:.0f}s:\n{proc.log_tail()}")
+        time.sleep(0.2)
+    return proc, PoolEndpoints(f"{host}:{rpc}", f"http://{host}:{http}/metadata", f"http://{host}:{metrics}/metrics")
+
+
+def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> GuardedProcess:
+    """The standalone mooncake_client whose global segment (cfg.capacity_bytes) is the pool's memory.
+
+    Ready when the master counts its segment (when the master's metrics are known), else when
+    the client's service port listens.
+    """
+    host = cfg.host
+    port = free_port(host)
+    cmd = [
+        mooncake_binary("mooncake_client"),
+        f"--master_server_address={endpoints.master_address}",
+        f"--metadata_server={endpoints.metadata_server}",
+        f"--host={host}", f"--port={port}",
+        f"--global_segment_size={int(cfg.capacity_bytes)}",
+        f"--protocol={cfg.protocol}", f"--device_names={cfg.device_name}",
+        "--threads=1", "--logtostderr",
+    ]
+    proc = GuardedProcess(
+        "mooncake_store", cmd, log_dir / "mooncake_store.log", env={"MC_TCP_BIND_ADDRESS": host}
+    )
+    proc.start()
+    deadline = time.monotonic() + cfg.ready_timeout_s
+    while True:
+        proc.check_alive()
+        if endpoints.metrics_url is not None:
+            mounted = _metric(endpoints.metrics_url, "master_total_capacity_bytes")
+            ready = mounted is not None and mounted >= cfg.capacity_bytes
+        else:
+            ready = _port_open(host, port)
+        if ready:
+            return proc
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise PoolStartError(f"mooncake store not ready after {cfg.ready_timeout_s:.0f}s:\n{proc.log_tail()}")
+        time.sleep(0.2)
