@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 MiB = 2**20
+MIN_SEGMENT_BYTES = 16 * MiB  # mooncake_client refuses a smaller global segment
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class KVPoolConfig:
             raise ValueError("kvpool.capacity_bytes must be >= 0")
         if self.master_address is None and self.enabled and self.capacity_bytes == 0:
             raise ValueError("kvpool.capacity_bytes must be > 0 when the pool is launched here")
+        if 0 < self.capacity_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"kvpool.capacity_bytes must be 0 or >= {MIN_SEGMENT_BYTES} (Mooncake's minimum segment)")
         if self.local_buffer_bytes <= 0:
             raise ValueError("kvpool.local_buffer_bytes must be > 0")
         if not 0 < self.eviction_high_watermark <= 1:
