@@ -19,7 +19,7 @@ import yaml
 
 from seer.scheduler.config import SchedulerConfig
 from seer.tasks.dataset import TaskConfig
-from seer.trainer.trainer import TrainerConfig
+from seer.trainer.config import TrainerConfig
 
 
 class ConfigError(ValueError):

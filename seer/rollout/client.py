@@ -76,6 +76,8 @@ class InstanceClient:
             body["logprobs"] = 0
         if sp.seed is not None:
             body["seed"] = int(sp.seed)
+        if sp.ignore_eos:
+            body["ignore_eos"] = True
         return body
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:

@@ -8,6 +8,7 @@ statistics into a typed RolloutBatch.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
 from seer.rollout.backend import InstanceBackend
@@ -51,13 +52,7 @@ class RolloutEngine:
         call returns once the last reward is in.
         """
         base_seed = self.sampling.seed
-        sampling = SamplingParams(
-            temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p,
-            top_k=self.sampling.top_k,
-            max_tokens=self.sampling.max_tokens,
-            seed=None if base_seed is None else base_seed * 1_000_003 + iteration,
-        )
+        sampling = replace(self.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + iteration)
         try:
             result = await self.driver.run(
                 prompts,

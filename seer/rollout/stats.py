@@ -6,7 +6,6 @@ hand-made timelines and shared by real runs, benchmarks and the simulator.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 from seer.rollout.types import InstanceStats, IterationStats
@@ -15,14 +14,15 @@ from seer.rollout.types import InstanceStats, IterationStats
 def tail_time(finish_times: Sequence[float], tail_fraction: float = 0.1) -> float:
     """Time spent only on the last `tail_fraction` of requests to finish.
 
-    With n requests, the tail starts when the ceil((1 - f) * n)-th request finishes and ends
-    with the last one: the span during which only the slowest f of requests were still running.
+    The last m = max(1, round(f * n)) of n requests to finish are the tail; it starts when the
+    (n - m)-th request finishes and ends with the last one: the span during which only the slowest
+    requests were still running. A single request has no tail.
     """
-    if not finish_times:
-        return 0.0
     t = sorted(finish_times)
-    k = max(1, math.ceil((1.0 - tail_fraction) * len(t) - 1e-9))
-    return t[-1] - t[k - 1]
+    m = max(1, round(tail_fraction * len(t)))
+    if len(t) <= m:
+        return 0.0
+    return t[-1] - t[len(t) - m - 1]
 
 
 def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:

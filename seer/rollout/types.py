@@ -19,6 +19,7 @@ class SamplingParams:
     top_k: int = -1
     max_tokens: int = 1024
     seed: int | None = None
+    ignore_eos: bool = False  # trace-driven benchmarks: generate exactly max_tokens
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ __all__ = ["SFTExample", "TrainMetrics", "Trainer", "TrainerConfig"]
 
 
 def __getattr__(name: str):
+    if name == "TrainerConfig":
+        from seer.trainer.config import TrainerConfig
+
+        return TrainerConfig
     if name in __all__:
         from seer.trainer import trainer
 

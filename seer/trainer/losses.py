@@ -16,8 +16,7 @@ from typing import Literal
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-mean"]
-KLEstimator = Literal["k1", "k3"]
+from seer.trainer.config import AggMode, KLEstimator  # noqa: F401  (re-exported)
 
 
 def grpo_advantages(

@@ -19,6 +19,7 @@ import torch
 
 from seer.rollout.types import RolloutBatch
 from seer.trainer import losses
+from seer.trainer.config import TrainerConfig
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches
 from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import init_megatron
@@ -34,29 +35,6 @@ from seer.trainer.model import (
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
-
-
-@dataclass
-class TrainerConfig:
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0  # applied to matrices only, never to norms or biases
-    max_grad_norm: float = 1.0
-    clip_eps_low: float = 0.2
-    clip_eps_high: float | None = None  # None: symmetric clipping
-    loss_agg: losses.AggMode = "token-mean"
-    old_logprobs: Literal["recomputed", "rollout"] = "recomputed"
-    normalize_adv_std: bool = True
-    kl_coef: float = 0.0  # > 0 keeps a frozen copy of the initial weights as the reference
-    kl_estimator: losses.KLEstimator = "k3"
-    entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus
-    mini_batches: int = 1  # optimizer steps per train_step
-    max_tokens_per_micro_batch: int = 8192  # padded tokens per forward/backward
-    temperature: float = 1.0  # must match how the rollout's logprobs were computed
-    params_dtype: str = "float32"
-    pad_token_id: int = 0
-    seed: int = 0
 
 
 @dataclass

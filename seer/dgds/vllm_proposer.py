@@ -1,0 +1,285 @@
+"""Seer's grouped speculative decoding inside vLLM: a ``custom_class`` proposer over DGDS.
+
+Enable on a plain vLLM server with one flag (plus ``SEER_DGDS_ADDRESS`` to share groups across
+instances through ``seer-dgds serve``; see ``seer.dgds.proposer_settings`` for every knob)::
+
+    SEER_DGDS_ADDRESS=127.0.0.1:50061 python -m vllm.entrypoints.openai.api_server --model M \\
+      --speculative-config '{"method": "custom_class",
+                             "model": "seer.dgds.vllm_proposer.DgdsProposer",
+                             "num_speculative_tokens": 8}'
+
+Every engine step vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``
+with one row per running request. Row i is request ``input_batch.req_ids[i]``: the proposer needs
+the model runner for that, and finds it without a worker extension (the runner is the caller of
+``load_model`` and ``propose``; ``seer.dgds.vllm_worker`` binds it explicitly for those who prefer a
+``--worker-cls``). For each row it
+
+1. maps the request id to its group and sequence (``seer.dgds.request_ids``; ids without a group
+   become singleton groups, i.e. per-request drafting);
+2. infers how many of its previous draft tokens were accepted (the row's sampled tokens are the
+   accepted drafts plus one bonus token) and feeds Algorithm 1's acceptance statistics;
+3. appends the row's new tokens to the draft client (non-blocking; sent to DGDS in batches);
+4. drafts from the group's local replica, with a length per row from Algorithm 1
+   (``seer.dgds.adaptive``): probe requests (sample ``SEER_DGDS_PROBE_INDEX``) are high priority.
+
+Nothing here may stop decoding: a DGDS outage means empty drafts, and any unexpected error in a
+step is logged once and answered with empty drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from seer.dgds.adaptive import AdaptiveDraftLength
+from seer.dgds.draft_length import DraftLengths
+from seer.dgds.proposer_settings import ProposerSettings, settings_from
+from seer.dgds.request_ids import RequestRef, parse_request_id
+from seer.dgds.types import DraftParams, SpeculateRow
+
+log = logging.getLogger("seer.dgds.vllm_proposer")
+_DEBUG = open(os.environ["SEER_DGDS_DEBUG_LOG"], "a") if os.environ.get("SEER_DGDS_DEBUG_LOG") else None
+
+
+def _ints_tail(ctx) -> list[int]:
+    return [int(t) for t in ctx[-12:]]
+
+
+@dataclass
+class _RowState:
+    """What the proposer remembers about one running engine request."""
+
+    ref: RequestRef
+    appended_to: int = 0  # tokens of the engine sequence (prompt + output) already sent to DGDS
+    last_draft: int = 0  # tokens drafted for it at the previous step (0: none to verify)
+
+
+@dataclass(frozen=True)
+class ProposerStats:
+    """Counters of this proposer's own view (vLLM's /metrics has the authoritative ones)."""
+
+    steps: int
+    rows_drafted: int
+    draft_tokens: int
+    verified_drafts: int
+    accepted_tokens: int
+    active_requests: int
+
+
+class DgdsProposer:
+    """vLLM ``custom_class`` proposer: group drafts from DGDS with Algorithm 1 draft lengths."""
+
+    def __init__(self, vllm_config: Any, settings: ProposerSettings | None = None):
+        spec = vllm_config.speculative_config
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.settings = settings or settings_from(
+            spec.num_speculative_tokens,
+            getattr(spec, "suffix_decoding_max_tree_depth", None),
+            getattr(spec, "suffix_decoding_min_token_prob", None),
+        )
+        s = self.settings
+        self._embedded = None
+        address = s.address
+        if address is None:
+            from seer.dgds.server import DgdsServer
+
+            self._embedded = DgdsServer("127.0.0.1", 0, max_workers=2).start()
+            address = self._embedded.address
+        from seer.dgds.client import DraftClient
+
+        self.client = DraftClient(
+            address,
+            update_batch_tokens=s.update_batch_tokens,
+            fetch_interval_s=s.fetch_interval_s,
+            default_ttl_s=s.ttl_s,
+        )
+        self.policy = AdaptiveDraftLength(gamma_max=s.gamma_max, lam=s.lam)
+        self._runner: Any = None
+        self._rows: dict[str, _RowState] = {}
+        self._last_step_end: float | None = None
+        self._last_step_tokens = 0
+        self._failed_once = False
+        self._counts = dict(steps=0, rows_drafted=0, draft_tokens=0, verified_drafts=0, accepted_tokens=0)
+        self._last_log = time.monotonic()
+        log.warning(
+            "Seer DGDS proposer: mode=%s dgds=%s%s gamma_max=%d adaptive=%s",
+            s.mode, address, " (embedded)" if self._embedded else "", s.gamma_max, s.adaptive,
+        )
+
+    # ---- vLLM interface --------------------------------------------------------------------
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No draft model to load; vLLM's CPU and GPU runners call this with the target model,
+        from inside the runner, which is where the proposer learns which runner it serves."""
+        if self._runner is None:
+            self._runner = _calling_runner(self)
+
+    def bind_runner(self, runner: Any) -> None:
+        """Explicit binding (``seer.dgds.vllm_worker``): the runner whose ``input_batch`` row i is."""
+        self._runner = runner
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+        **_: Any,
+    ) -> list[list[int]]:
+        """Draft token ids for each row (variable length, possibly empty)."""
+        try:
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        except Exception:  # decoding goes on without drafts
+            if not self._failed_once:
+                log.exception("DGDS proposer step failed; answering with empty drafts")
+                self._failed_once = True
+            for st in self._rows.values():
+                st.last_draft = 0
+            return [[] for _ in sampled_token_ids]
+
+    # ---- the step -----------------------------------------------------------------------------
+
+    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
+        now = time.perf_counter()
+        if self._last_step_end is not None and self._last_step_tokens:
+            self.policy.record_step(self._last_step_tokens, now - self._last_step_end)
+        if self._runner is None:
+            self._runner = _calling_runner(self)
+            if self._runner is None:
+                raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm_worker...")
+        batch = self._runner.input_batch
+        req_ids = batch.req_ids
+        s = self.settings
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        appends: list[tuple[str, str, Any]] = []
+        ready: list[tuple[int, _RowState, int]] = []  # (row, state, num tokens)
+        seen: set[str] = set()
+        for i, sampled in enumerate(sampled_token_ids):
+            rid = req_ids[i]
+            seen.add(rid)
+            st = self._rows.get(rid)
+            if st is None:
+                st = self._start(rid)
+            if st.last_draft:
+                accepted = max(0, min(len(sampled) - 1, st.last_draft)) if sampled else 0
+                self.policy.record_verified(st.last_draft, accepted)
+                self._counts["verified_drafts"] += 1
+                self._counts["accepted_tokens"] += accepted
+                st.last_draft = 0
+            if not sampled:  # a partial prefill: nothing sampled, nothing to draft
+                continue
+            n = int(num_tokens_no_spec[i])
+            if st.appended_to == 0:
+                n_prompt = int(batch.num_prompt_tokens[i])
+                if s.include_prompt and st.ref.first_chunk and n_prompt > 0:
+                    appends.append((st.ref.group_id, f"{st.ref.sequence_id}/prompt", token_ids_cpu[i, :n_prompt]))
+                st.appended_to = n_prompt
+            if n > st.appended_to:
+                appends.append((st.ref.group_id, st.ref.sequence_id, token_ids_cpu[i, st.appended_to:n]))
+                st.appended_to = n
+            if n < self.max_model_len - 1:
+                ready.append((i, st, n))
+        if appends:
+            self.client.append_many(appends)
+        for rid in [r for r in self._rows if r not in seen]:
+            self._finish(rid)
+
+        lengths = self._lengths(ready)
+        rows: list[SpeculateRow] = []
+        row_index: list[int] = []
+        for i, st, n in ready:
+            g = lengths.high if st.ref.probe else lengths.low
+            g = min(g, s.gamma_max, self.max_model_len - n - 1)
+            if g <= 0:
+                continue
+            ctx = token_ids_cpu[i, max(0, n - s.pattern_lookup_max):n]
+            rows.append(SpeculateRow(
+                req_ids[i], st.ref.group_id, ctx,
+                DraftParams(max_spec_tokens=g, pattern_lookup_min=s.pattern_lookup_min,
+                            pattern_lookup_max=s.pattern_lookup_max, min_token_prob=s.min_token_prob),
+            ))
+            row_index.append(i)
+        t0 = time.perf_counter()
+        drafts = self.client.batch_speculate(rows) if rows else []
+        self.policy.record_draft(len(rows), time.perf_counter() - t0)
+        verified = len(sampled_token_ids)
+        if _DEBUG:
+            for i, row, d in zip(row_index, rows, drafts):
+                _DEBUG.write(f"{row.request_id} sampled={list(sampled_token_ids[i])} ctx={_ints_tail(row.context)} "
+                             f"draft={list(d.tokens)} max={row.params.max_spec_tokens}\n")
+            _DEBUG.flush()
+        for i, row, d in zip(row_index, rows, drafts):
+            toks = list(d.tokens)
+            if toks:
+                out[i] = toks
+                self._rows[row.request_id].last_draft = len(toks)
+                verified += len(toks)
+                self._counts["rows_drafted"] += 1
+                self._counts["draft_tokens"] += len(toks)
+        self._counts["steps"] += 1
+        self._last_step_tokens = verified
+        self._last_step_end = time.perf_counter()
+        self._maybe_log()
+        return out
+
+    def _start(self, engine_request_id: str) -> _RowState:
+        ref = parse_request_id(engine_request_id, per_request=self.settings.per_request,
+                               probe_index=self.settings.probe_index)
+        self.client.register_group(ref.group_id, ttl_seconds=self.settings.ttl_s)
+        st = _RowState(ref)
+        self._rows[engine_request_id] = st
+        return st
+
+    def _finish(self, engine_request_id: str) -> None:
+        st = self._rows.pop(engine_request_id)
+        self.client.finish_request(st.ref.group_id, st.ref.sequence_id)
+
+    def _lengths(self, ready: list[tuple[int, _RowState, int]]) -> DraftLengths:
+        g = self.settings.gamma_max
+        if not self.settings.adaptive:
+            return DraftLengths(g, g)
+        n_high = sum(1 for _, st, _ in ready if st.ref.probe)
+        return self.policy.lengths(n_high, len(ready) - n_high)
+
+    # ---- observability ------------------------------------------------------------------------
+
+    def stats(self) -> ProposerStats:
+        return ProposerStats(active_requests=len(self._rows), **self._counts)
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < 30.0:
+            return
+        self._last_log = now
+        c = self._counts
+        log.info(
+            "DGDS proposer: %d steps, %d drafts (%d tokens), accepted %d of %d verified drafts' tokens; beta=%s",
+            c["steps"], c["rows_drafted"], c["draft_tokens"], c["accepted_tokens"], c["verified_drafts"],
+            [round(b, 2) for b in self.policy.acceptance.beta[:4]],
+        )
+
+    def close(self) -> None:
+        self.client.close()
+        if self._embedded is not None:
+            self._embedded.stop(0.5)
+
+
+def _calling_runner(proposer: DgdsProposer) -> Any:
+    """The model runner up the call stack: the object whose ``drafter`` is this proposer.
+
+    vLLM calls ``load_model`` and ``propose`` from its runner's methods and passes no runner, yet
+    row i of ``propose`` is only identified by ``runner.input_batch.req_ids[i]``. Walking the stack
+    finds it with no worker extension, which keeps enabling the proposer to one flag.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if obj is not None and obj is not proposer and getattr(obj, "drafter", None) is proposer \
+                and hasattr(obj, "input_batch"):
+            return obj
+        frame = frame.f_back
+    return None

@@ -1,0 +1,32 @@
+"""The `trainer:` section of a run config: a plain dataclass, importable without torch or Megatron."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AggMode = Literal["token-mean", "seq-mean-token-mean"]
+KLEstimator = Literal["k1", "k3"]
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0  # applied to matrices only, never to norms or biases
+    max_grad_norm: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float | None = None  # None: symmetric clipping
+    loss_agg: AggMode = "token-mean"
+    old_logprobs: Literal["recomputed", "rollout"] = "recomputed"
+    normalize_adv_std: bool = True
+    kl_coef: float = 0.0  # > 0 keeps a frozen copy of the initial weights as the reference
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus
+    mini_batches: int = 1  # optimizer steps per train_step
+    max_tokens_per_micro_batch: int = 8192  # padded tokens per forward/backward
+    temperature: float = 1.0  # must match how the rollout's logprobs were computed
+    params_dtype: str = "float32"
+    pad_token_id: int = 0
+    seed: int = 0

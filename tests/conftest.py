@@ -1,0 +1,35 @@
+"""Session-wide real parts shared by every test that needs them (vLLM start-up costs a minute)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The embedded tiny preset (built once into the cache, then reused)."""
+    from seer.model import ensure_model
+
+    return ensure_model("tiny", progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(tiny_model, tmp_path_factory):
+    """Two real vLLM instances of the tiny model, one CPU core each when there are two."""
+    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+    from seer.rollout.pool import InstancePool
+
+    n = 2
+    cores = sorted(os.sched_getaffinity(0))
+    sets = cpu_sets(n) if len(cores) >= n else [",".join(map(str, cores))] * n
+    specs = [
+        InstanceSpec(name=f"inst{i}", model=str(tiny_model), port=free_port(), cpus=c,
+                     max_model_len=4096, kv_cache_bytes=64 * 2**20, max_num_seqs=128)
+        for i, c in enumerate(sets)
+    ]
+    pool = InstancePool.launch(specs, tmp_path_factory.mktemp("vllm-logs"), ready_timeout_s=600)
+    yield pool
+    pool.close()

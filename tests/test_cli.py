@@ -1,0 +1,86 @@
+"""`seer-run --sync`: bad input fails fast and names the problem; a real iteration writes its metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "seer.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("scheduler.chunk_size=0", "scheduler.chunk_size"),
+        ("rollout.group_size=1", "rollout.group_size"),
+        ("rollout.no_such_key=3", "rollout.no_such_key"),
+        ("instances.count=4096", "instances.count"),
+        ("scheduler.policy=fastest", "scheduler.policy"),
+        ("rollout.temperature=hot", "rollout.temperature"),
+    ],
+)
+def test_invalid_config_is_rejected_naming_the_key(override, key, tmp_path):
+    r = run_cli("--sync", "--set", override, "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert key in r.stdout
+    assert not (tmp_path / "run").exists()  # rejected before anything started
+
+
+def test_invalid_yaml_file_is_rejected(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("scheduler: [not, a, mapping]\n")
+    r = run_cli("--sync", "--config", str(cfg), timeout=120)
+    assert r.returncode == 2
+    assert "scheduler" in r.stdout
+
+
+def test_malformed_dataset_line_names_file_and_line(tmp_path, tiny_model):
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"prompt": "sum 1 2 =", "answer": 3}\n{"prompt": "sum 3 4 =", "answer": 7\n')
+    r = run_cli(
+        "--sync", "--train", "off", "--set", f"task.dataset={data}", "--set", "task.reward=seer.tasks.running_sum:score",
+        "--set", "model.preset=tiny", "--run-dir", str(tmp_path / "run"), timeout=300,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{data}:2" in r.stdout.replace("\n", "")
+    assert not (tmp_path / "run" / "logs").exists()  # no instance was started
+
+
+@pytest.mark.vllm
+def test_rollout_only_iteration_writes_metrics(vllm_pool, tmp_path):
+    """The main command on running instances (connect mode), rollout and reward only."""
+    urls = "[" + ",".join(c.base_url for c in vllm_pool.clients) + "]"
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        "--sync", "--train", "off", "--iterations", "1", "--run-dir", str(run_dir),
+        "--set", "model.preset=tiny", "--set", f"instances.urls={urls}",
+        "--set", "rollout.groups_per_iteration=4", "--set", "rollout.group_size=4",
+        "--set", "rollout.max_tokens=512", "--set", "scheduler.policy=group_rr",
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    assert rec["num_samples"] == 16 and rec["policy"] == "group_rr"
+    assert rec["output_tokens"] > 0 and rec["tokens_per_s"] > 0
+    assert 0 <= rec["tail_s"] <= rec["wall_s"]
+    assert {i["name"] for i in rec["instances"]} == set(vllm_pool.names)
+    for inst in rec["instances"]:
+        assert inst["busy_s"] > 0 and inst["busy_s"] + inst["idle_s"] == pytest.approx(rec["wall_s"], rel=1e-3, abs=1e-3)
+    assert rec["preemptions"] >= 0 and rec["reward_mean"] is not None
+    samples = [json.loads(x) for x in (run_dir / "rollouts" / "iter_0000.jsonl").read_text().splitlines()]
+    assert len(samples) == 16
+    # group-level dispatch: every sample of a group ran on one instance
+    by_group = {}
+    for s in samples:
+        by_group.setdefault(s["group_id"], set()).update(s["instances"])
+    assert all(len(v) == 1 for v in by_group.values())
+    assert (run_dir / "iterations.png").stat().st_size > 1000
+    assert "iteration 0" in r.stdout or "Seer iterations" in r.stdout
