@@ -1,0 +1,213 @@
+"""Grouped speculative decoding, end to end on real vLLM instances.
+
+    python bench/dgds_e2e.py [--model tiny] [--prompts 8] [--group-size 8] [--max-tokens 256]
+
+Same prompts, same per-request seeds, three ways:
+  * group        vLLM + the DGDS proposer, requests named ``<prefix>g<group>-s<sample>`` (group trees)
+  * per-request  the same instance, ids prefixed ``solo-`` (each request drafts from its own tokens)
+  * none         a second vLLM instance without speculation
+Both instances start together (one core each); the phases then run one after the other. With
+``--probe-first`` each group's sample 0 runs before its siblings (Seer's context-aware order), so
+siblings can draft from a finished response; by default all G samples run at once.
+Acceptance length is vLLM's own: 1 + accepted / drafts from the /metrics counter deltas of a phase.
+Writes bench/results/dgds_e2e.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import Progress
+
+PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
+
+
+def speculative_config(num_tokens: int) -> str:
+    return json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_tokens})
+
+
+_COUNTER = re.compile(r"^vllm:(spec_decode_num_drafts|spec_decode_num_draft_tokens|spec_decode_num_accepted_tokens)_total\{[^}]*\}\s+(\S+)$")
+
+
+def spec_counters(metrics_text: str) -> dict[str, float]:
+    """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens) from /metrics text."""
+    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+    names = {"spec_decode_num_drafts": "drafts", "spec_decode_num_draft_tokens": "draft_tokens",
+             "spec_decode_num_accepted_tokens": "accepted_tokens"}
+    for line in metrics_text.splitlines():
+        m = _COUNTER.match(line)
+        if m:
+            out[names[m.group(1)]] += float(m.group(2))
+    return out
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    name: str
+    wall_s: float
+    output_tokens: int
+    requests: int
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per verification step of requests that were drafted for (bonus included)."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["tokens_per_s"] = round(self.tokens_per_s, 1)
+        m = self.mean_acceptance_length
+        d["mean_acceptance_length"] = None if m is None else round(m, 3)
+        d["acceptance_rate"] = round(self.accepted_tokens / self.draft_tokens, 4) if self.draft_tokens else None
+        return d
+
+
+async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int, max_tokens: int,
+                    temperature: float, seed: int, probe_first: bool, progress=None) -> PhaseResult:
+    """All requests of the workload on one instance; counters diffed around it."""
+    from seer.rollout.types import GenerateRequest, SamplingParams
+
+    def req(i, p, k):
+        return GenerateRequest(f"{id_prefix}g{i}-s{k}", p.prompt_ids, max_tokens,
+                               SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                                              seed=seed * 100_000 + i * 100 + k), logprobs=False)
+
+    waves = ([[req(i, p, 0) for i, p in enumerate(prompts)],
+              [req(i, p, k) for i, p in enumerate(prompts) for k in range(1, group_size)]]
+             if probe_first else [[req(i, p, k) for i, p in enumerate(prompts) for k in range(group_size)]])
+    task = progress.add_task(name, total=sum(len(w) for w in waves)) if progress else None
+
+    async def one(r):
+        res = await client.generate(r)
+        if progress:
+            progress.advance(task)
+        return res
+
+    before = spec_counters(await client.metrics_text())
+    t0 = time.perf_counter()
+    results = []
+    for wave in waves:
+        results += await asyncio.gather(*(one(r) for r in wave))
+    wall = time.perf_counter() - t0
+    after = spec_counters(await client.metrics_text())
+    d = {k: after[k] - before[k] for k in after}
+    return PhaseResult(name, wall, sum(len(r.token_ids) for r in results), len(results),
+                       d["drafts"], d["draft_tokens"], d["accepted_tokens"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--spec-tokens", type=int, default=8)
+    ap.add_argument("--probe-first", action="store_true")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from seer.dgds.server import DgdsServer
+    from seer.model import ensure_model
+    from seer.rollout.instance import InstanceSpec, free_port
+    from seer.rollout.pool import InstancePool
+    from seer.tasks import TaskConfig, encode_prompts, load_task
+
+    model = str(ensure_model(args.model))
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = encode_prompts(load_task(TaskConfig(num_prompts=args.prompts, seed=args.seed)).records, tok, 4096)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dgds = DgdsServer("127.0.0.1", 0).start()
+    common = dict(max_model_len=2048, kv_cache_bytes=128 << 20, max_num_seqs=max(64, args.prompts * args.group_size))
+    specs = [
+        InstanceSpec("spec", model, free_port(), cpus="0", **common,
+                     extra_args=("--speculative-config", speculative_config(args.spec_tokens)),
+                     env={"SEER_DGDS_ADDRESS": dgds.address}),
+        InstanceSpec("plain", model, free_port(), cpus="1", **common),
+    ]
+    print("starting two vLLM instances (a minute or two)", flush=True)
+    try:
+        with InstancePool.launch(specs, out / "logs" / "dgds_e2e") as pool:
+            spec_client, plain_client = pool.clients
+
+            async def run() -> list[PhaseResult]:
+                kw = dict(prompts=prompts, group_size=args.group_size, max_tokens=args.max_tokens,
+                          temperature=args.temperature, seed=args.seed, probe_first=args.probe_first)
+                with Progress() as progress:
+                    phases = [
+                        await run_phase(spec_client, "group", "e2e-grp-", progress=progress, **kw),
+                        await run_phase(spec_client, "per-request", "solo-e2e-req-", progress=progress, **kw),
+                        await run_phase(plain_client, "none", "e2e-none-", progress=progress, **kw),
+                    ]
+                await pool.aclose_clients()
+                return phases
+
+            phases = asyncio.run(run())
+    finally:
+        dgds.stop(0.5)
+
+    result = {
+        "bench": "dgds_e2e",
+        "command": "python bench/dgds_e2e.py " + " ".join(argv or []),
+        "model": model, "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
+        "temperature": args.temperature, "spec_tokens": args.spec_tokens, "probe_first": args.probe_first,
+        "phases": [p.as_dict() for p in phases], "machine": platform.platform(),
+    }
+    (out / "dgds_e2e.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = [
+        f"{args.prompts} groups x G={args.group_size} of `{args.model}`, max {args.max_tokens} tokens, temperature "
+        f"{args.temperature}, gamma_max={args.spec_tokens}, {'probe first' if args.probe_first else 'all samples at once'}; "
+        "one vLLM CPU instance (1 core) per row.",
+        "",
+        "| drafting | output tokens/s | mean acceptance length | acceptance rate | output tokens | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in phases:
+        d = p.as_dict()
+        mal = "-" if d["mean_acceptance_length"] is None else f"{d['mean_acceptance_length']:.2f}"
+        rate = "-" if d["acceptance_rate"] is None else f"{d['acceptance_rate']:.3f}"
+        md.append(f"| {p.name} | {p.tokens_per_s:.1f} | {mal} | {rate} | {p.output_tokens} | {p.wall_s:.1f} |")
+    (out / "dgds_e2e.md").write_text("\n".join(md) + "\n")
+    plot(phases, out / "dgds_e2e.png")
+    print("\n".join(md))
+    return 0
+
+
+def plot(phases: list[PhaseResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.5))
+    names = [p.name for p in phases]
+    a.bar(names, [p.tokens_per_s for p in phases], color=["tab:blue", "tab:orange", "tab:grey"])
+    a.set_ylabel("output tokens/s")
+    b.bar(names, [p.mean_acceptance_length or 1.0 for p in phases], color=["tab:blue", "tab:orange", "tab:grey"])
+    b.set_ylabel("mean acceptance length")
+    fig.suptitle("DGDS proposer in vLLM: group vs per-request drafts vs no speculation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
