@@ -19,33 +19,19 @@ import argparse
 import asyncio
 import json
 import platform
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import Progress
 
+from seer.dgds.vllm_metrics import spec_decode_counters
+
 PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
 
 
 def speculative_config(num_tokens: int) -> str:
     return json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_tokens})
-
-
-_COUNTER = re.compile(r"^vllm:(spec_decode_num_drafts|spec_decode_num_draft_tokens|spec_decode_num_accepted_tokens)_total\{[^}]*\}\s+(\S+)$")
-
-
-def spec_counters(metrics_text: str) -> dict[str, float]:
-    """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens) from /metrics text."""
-    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
-    names = {"spec_decode_num_drafts": "drafts", "spec_decode_num_draft_tokens": "draft_tokens",
-             "spec_decode_num_accepted_tokens": "accepted_tokens"}
-    for line in metrics_text.splitlines():
-        m = _COUNTER.match(line)
-        if m:
-            out[names[m.group(1)]] += float(m.group(2))
-    return out
 
 
 @dataclass(frozen=True)
@@ -97,16 +83,15 @@ async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int,
             progress.advance(task)
         return res
 
-    before = spec_counters(await client.metrics_text())
+    before = spec_decode_counters(await client.metrics_text())
     t0 = time.perf_counter()
     results = []
     for wave in waves:
         results += await asyncio.gather(*(one(r) for r in wave))
     wall = time.perf_counter() - t0
-    after = spec_counters(await client.metrics_text())
-    d = {k: after[k] - before[k] for k in after}
+    d = spec_decode_counters(await client.metrics_text()) - before
     return PhaseResult(name, wall, sum(len(r.token_ids) for r in results), len(results),
-                       d["drafts"], d["draft_tokens"], d["accepted_tokens"])
+                       d.drafts, d.draft_tokens, d.accepted_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-first", action="store_true")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="dgds_e2e", help="stem of the result files")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -145,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("starting two vLLM instances (a minute or two)", flush=True)
     try:
-        with InstancePool.launch(specs, out / "logs" / "dgds_e2e") as pool:
+        with InstancePool.launch(specs, out / "logs" / args.name) as pool:
             spec_client, plain_client = pool.clients
 
             async def run() -> list[PhaseResult]:
@@ -171,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature, "spec_tokens": args.spec_tokens, "probe_first": args.probe_first,
         "phases": [p.as_dict() for p in phases], "machine": platform.platform(),
     }
-    (out / "dgds_e2e.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         f"{args.prompts} groups x G={args.group_size} of `{args.model}`, max {args.max_tokens} tokens, temperature "
         f"{args.temperature}, gamma_max={args.spec_tokens}, {'probe first' if args.probe_first else 'all samples at once'}; "
@@ -185,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         mal = "-" if d["mean_acceptance_length"] is None else f"{d['mean_acceptance_length']:.2f}"
         rate = "-" if d["acceptance_rate"] is None else f"{d['acceptance_rate']:.3f}"
         md.append(f"| {p.name} | {p.tokens_per_s:.1f} | {mal} | {rate} | {p.output_tokens} | {p.wall_s:.1f} |")
-    (out / "dgds_e2e.md").write_text("\n".join(md) + "\n")
-    plot(phases, out / "dgds_e2e.png")
+    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
+    plot(phases, out / f"{args.name}.png")
     print("\n".join(md))
     return 0
 
