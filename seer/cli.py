@@ -17,6 +17,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override one setting, e.g. --set scheduler.chunk_size=256 (repeatable)")
     p.add_argument("--iterations", type=int, help="number of iterations (overrides the config)")
     p.add_argument("--train", choices=["on", "off"], help="off: rollout and reward only")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the run dir")
     p.add_argument("--run-dir", help="where metrics, logs and checkpoints go (overrides run_dir)")
     return p.parse_args(argv)
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from seer.model import CheckpointError
 
     try:
-        SyncLoop(cfg, console).run()
+        SyncLoop(cfg, console).run(resume=args.resume)
     except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError) as e:
         console.print(f"[red]seer-run: {e}[/]")
         return 2

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.tasks.dataset import TaskConfig
 from seer.trainer.config import TrainerConfig
@@ -59,7 +60,8 @@ class InstancesConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     enabled: bool = True
-    checkpoint_every: int = 1
+    checkpoint_every: int = 1  # iterations between checkpoints (what --resume continues from)
+    keep_checkpoints: int = 2
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     instances: InstancesConfig = field(default_factory=InstancesConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kvpool: KVPoolConfig = field(default_factory=lambda: KVPoolConfig(capacity_bytes=1024 * 2**20))
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -192,6 +195,11 @@ def _convert(tp, value: Any, key: str):
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"config key {key!r}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

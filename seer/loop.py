@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -18,11 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from seer.config import RunConfig
 from seer.metrics_log import MetricsLog, iteration_record, plot_iterations, summary_table
+from seer.kvpool import KVPool
 from seer.model import resolve_model
 from seer.rollout.engine import RolloutEngine
 from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
 from seer.rollout.pool import InstancePool
 from seer.rollout.types import PromptSpec, RolloutBatch, SamplingParams
+from seer.rollout.weights import push_weights, require_version
 from seer.tasks import RewardRunner, encode_prompts, iteration_prompts, load_task, max_context_of
 
 
@@ -54,16 +57,16 @@ class SyncLoop:
             f"run dir [bold]{self.run_dir}[/]"
         )
 
-    def start_pool(self) -> InstancePool:
+    def start_pool(self, kv: KVPool) -> InstancePool:
         cfg = self.cfg
         if cfg.instances.urls:
             return InstancePool.connect(list(cfg.instances.urls))
         specs = [
-            InstanceSpec(
+            kv.configure(InstanceSpec(
                 name=f"inst{i}", model=str(self.model_dir), port=free_port(), cpus=cpus, dtype=cfg.model.dtype,
                 max_model_len=self.max_model_len, kv_cache_bytes=cfg.instances.kv_cache_bytes,
                 max_num_seqs=cfg.instances.max_num_seqs, seed=cfg.seed, extra_args=tuple(cfg.instances.extra_args),
-            )
+            ))
             for i, cpus in enumerate(cpu_sets(cfg.instances.count))
         ]
         t0 = time.monotonic()
@@ -104,38 +107,142 @@ class SyncLoop:
                     "instances": s.instances, "start_time": s.start_time, "finish_time": s.finish_time,
                 }) + "\n")
 
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def checkpoint_dir(self, iteration: int) -> Path:
+        return self.run_dir / "checkpoints" / f"iter_{iteration:04d}"
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint: its loop_state.json is written last, atomically."""
+        found = sorted(self.run_dir.glob("checkpoints/iter_*/loop_state.json"))
+        if not found:
+            return None
+        state = json.loads(found[-1].read_text())
+        return int(state["iteration"]), found[-1].parent
+
+    def save_checkpoint(self, trainer, iteration: int, version: int) -> None:
+        d = self.checkpoint_dir(iteration)
+        d.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(d)
+        tmp = d / "loop_state.json.tmp"
+        tmp.write_text(json.dumps({"iteration": iteration, "weight_version": version, "time": time.time()}))
+        tmp.rename(d / "loop_state.json")
+        done = sorted(p.parent for p in self.run_dir.glob("checkpoints/iter_*/loop_state.json"))
+        for old in done[: -self.cfg.train.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # ---- weights --------------------------------------------------------------------------------
+    def sync_weights(self, pool: InstancePool, trainer, version: int) -> float:
+        """Export the trainer's weights and load them into every instance; returns seconds."""
+        t0 = time.monotonic()
+        out = self.run_dir / "weights" / f"v{version:05d}"
+        trainer.export_hf(out)
+
+        async def push():
+            try:
+                await push_weights(pool.clients, str(out), version, kv_pool=self.kv_pool_on)
+                await require_version(pool.clients, version)
+            finally:
+                await pool.aclose_clients()
+
+        asyncio.run(push())
+        for old in (self.run_dir / "weights").glob("v*"):
+            if old != out:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.monotonic() - t0
+
+    def check_versions(self, pool: InstancePool, version: int) -> None:
+        async def check():
+            try:
+                await require_version(pool.clients, version)
+            finally:
+                await pool.aclose_clients()
+
+        asyncio.run(check())
+
     # ---- the loop ---------------------------------------------------------------------------------
-    def run(self, iterations: int | None = None) -> list[dict]:
+    def run(self, iterations: int | None = None, resume: bool = False) -> list[dict]:
         cfg = self.cfg
         iterations = iterations or cfg.iterations
         self.prepare()
-        if self.metrics.path.exists():
+        start_it, version = 0, 0
+        ckpt = self.latest_checkpoint() if resume else None
+        if resume and ckpt is None:
+            self.console.print(f"[yellow]--resume: no checkpoint under {self.run_dir}; starting from iteration 0[/]")
+        if ckpt is not None:
+            start_it = ckpt[0] + 1
+            self.metrics.truncate_after(ckpt[0])
+        elif self.metrics.path.exists():
             self.metrics.path.unlink()
-        records: list[dict] = []
-        pool = self.start_pool()
-        try:
-            rewards = RewardRunner(
-                self.task.reward_spec, max_workers=cfg.rollout.reward_workers,
-                on_error=cfg.rollout.reward_error_policy,
-                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            )
-            sampling = SamplingParams(
-                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                max_tokens=cfg.rollout.max_tokens, seed=cfg.seed,
-            )
-            engine = RolloutEngine(pool.clients, cfg.scheduler, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
-            with rewards:
-                for it in range(iterations):
-                    batch = self.rollout(engine, it, weight_version=0)
-                    self.save_samples(batch, it)
-                    rec = iteration_record(batch, {"reward_error_total": rewards.stats.errors})
-                    self.metrics.append(rec)
-                    records.append(rec)
-                    self.console.print(summary_table([rec], title=f"iteration {it}"))
-        finally:
-            pool.close()
+        trainer = None
+        if cfg.train.enabled:
+            with self.console.status("Loading the policy into the Megatron trainer"):
+                from seer.trainer import Trainer
+
+                trainer = Trainer(self.model_dir, replace(cfg.trainer, pad_token_id=self.tokenizer.pad_token_id or 0))
+                if ckpt is not None:
+                    trainer.load_checkpoint(ckpt[1])
+                    version = trainer.iteration
+        elif ckpt is not None:
+            version = json.loads((ckpt[1] / "loop_state.json").read_text())["weight_version"]
+        if ckpt is not None:
+            self.console.print(f"resuming after iteration {ckpt[0]} from {ckpt[1]} (weight version {version})")
+        records = self.metrics.records()
+        if start_it >= iterations:
+            self.console.print(f"nothing to do: {start_it} of {iterations} iterations already done")
+            return records
+        # Instances reached by URL bring their own KV configuration: no pool is launched for them.
+        kv_cfg = replace(cfg.kvpool, enabled=cfg.kvpool.enabled and not cfg.instances.urls)
+        with KVPool.start(kv_cfg, self.run_dir / "kvpool") as kv:
+            self.kv_pool_on = kv.enabled
+            pool = self.start_pool(kv)
+            try:
+                if trainer is not None and version > 0:
+                    self.sync_weights(pool, trainer, version)  # resumed: serve the checkpoint's weights
+                rewards = RewardRunner(
+                    self.task.reward_spec, max_workers=cfg.rollout.reward_workers,
+                    on_error=cfg.rollout.reward_error_policy,
+                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                )
+                sampling = SamplingParams(
+                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                    max_tokens=cfg.rollout.max_tokens, seed=cfg.seed,
+                )
+                engine = RolloutEngine(pool.clients, cfg.scheduler, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
+                with rewards:
+                    for it in range(start_it, iterations):
+                        if trainer is not None:
+                            self.check_versions(pool, version)  # strictly on-policy, or no rollout
+                        batch = self.rollout(engine, it, weight_version=version)
+                        self.save_samples(batch, it)
+                        extra = {"reward_error_total": rewards.stats.errors, "weight_version": version}
+                        if trainer is not None:
+                            with self.console.status(f"training on iteration {it}"):
+                                tm = trainer.train_step(batch)
+                                version = trainer.iteration
+                            extra.update(train_s=tm.time_s, loss=tm.loss, pg_clipfrac=tm.pg_clipfrac, kl=tm.kl,
+                                         entropy=tm.entropy, grad_norm=tm.grad_norm, zero_adv_fraction=tm.zero_adv_fraction,
+                                         logprob_mismatch_mean=tm.logprob_mismatch_mean,
+                                         logprob_mismatch_max=tm.logprob_mismatch_max)
+                            with self.console.status(f"loading weight version {version} into the instances"):
+                                extra["weight_sync_s"] = self.sync_weights(pool, trainer, version)
+                            if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
+                                self.save_checkpoint(trainer, it, version)
+                        elif (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
+                            self.save_loop_state(it, version)
+                        rec = iteration_record(batch, extra)
+                        self.metrics.append(rec)
+                        records.append(rec)
+                        self.console.print(summary_table([rec], title=f"iteration {it}"))
+            finally:
+                pool.close()
         if records:
             self.console.print(summary_table(records))
             plot = plot_iterations(records, self.run_dir / "iterations.png")
             self.console.print(f"metrics: {self.metrics.path}  plot: {plot}")
         return records
+
+    def save_loop_state(self, iteration: int, version: int) -> None:
+        """Rollout-only runs: a checkpoint is just the loop position."""
+        d = self.checkpoint_dir(iteration)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "loop_state.json").write_text(json.dumps({"iteration": iteration, "weight_version": version}))

@@ -22,6 +22,7 @@ From the environment (defaults in brackets):
   ``SEER_DGDS_FETCH_S``        seconds between incremental fetches of other instances' tokens [0.05]
   ``SEER_DGDS_TTL_S``          a group is dropped this long after its last append [600]
   ``SEER_DGDS_PROMPT``         1: the task prompt is a sequence of the tree too [1]
+  ``SEER_DGDS_DEBUG_LOG``      a file path: one line per drafted row (ids, sampled, draft) [unset]
 """
 
 from __future__ import annotations

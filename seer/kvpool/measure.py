@@ -54,14 +54,6 @@ async def reset_prefix_cache(client: InstanceClient, *, external: bool = False) 
     """Drop an instance's local prefix cache; with `external`, also clear the whole pool.
 
     After a weight update every stored KV is stale (keys carry no weight version), so the run
-    loop clears the pool through any one instance with external=True. Tests use the local-only
-    form to make an instance forget a request, so that its prefix can only come from the pool.
-    Needs the instance started with VLLM_SERVER_DEV_MODE=1 (KVPool.configure sets it).
+    loop clears the pool through any one instance with external=True.
     """
-    http = await client._http()
-    url = f"{client.base_url}/reset_prefix_cache?reset_external={'true' if external else 'false'}"
-    async with http.post(url) as r:
-        if r.status >= 400:
-            return False
-        data = await r.json(content_type=None)
-    return bool(data.get("success", True)) if isinstance(data, dict) else True
+    return await client.reset_prefix_cache(external=external)

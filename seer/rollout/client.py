@@ -135,6 +135,20 @@ class InstanceClient:
         if task is not None and not task.done():
             task.cancel()
 
+    async def reset_prefix_cache(self, *, external: bool = False) -> bool:
+        """Drop the instance's local prefix cache; with `external`, the KV pool's contents too.
+
+        KV computed by old weights must never be reused after a weight update; tests also use the
+        local-only form to make an instance forget a request so that its prefix must come from the
+        pool. Needs the server in vLLM's dev mode (VLLM_SERVER_DEV_MODE=1).
+        """
+        url = f"{self.base_url}/reset_prefix_cache?reset_external={'true' if external else 'false'}"
+        async with (await self._http()).post(url) as r:
+            if r.status >= 400:
+                return False
+            data = await r.json(content_type=None)
+        return bool(data.get("success", True)) if isinstance(data, dict) else True
+
     async def metrics_text(self) -> str:
         try:
             async with (await self._http()).get(f"{self.base_url}/metrics") as r:

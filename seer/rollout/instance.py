@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seer.rollout import weights
+
 
 class InstanceStartError(RuntimeError):
     """A vLLM server exited or did not become ready; carries the tail of its log."""
@@ -35,6 +37,7 @@ class InstanceSpec:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    weight_sync: bool = True  # load new weights in place (seer.rollout.weights) and report versions
 
     @property
     def url(self) -> str:
@@ -56,6 +59,8 @@ class InstanceSpec:
         ]
         if self.kv_cache_bytes:
             cmd += ["--kv-cache-memory-bytes", str(int(self.kv_cache_bytes))]
+        if self.weight_sync:
+            cmd += list(weights.SERVER_ARGS)
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -68,6 +73,8 @@ class InstanceSpec:
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if self.weight_sync:
+            env.update(weights.SERVER_ENV)
         env.update(self.env)
         return env
 

@@ -12,7 +12,6 @@ over micro-batches with gradient accumulation equals the loss of the whole mini-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 

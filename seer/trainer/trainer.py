@@ -13,7 +13,6 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 
