@@ -7,16 +7,17 @@ Why this task: it is shaped like a reasoning rollout at a size two CPU cores can
 - Each step adds a digit of the writer's choosing (1-9), so the responses of one group share
   their format, target and number range without being identical: what grouped speculative
   decoding drafts from.
-- Every line restates the target, so each step depends only on the line above it; a small
-  model can learn it from a short warm start, and still slips on arithmetic (partial reward).
+- Every line restates the target and numbers are zero-padded to a fixed width, so each step
+  depends only on the line above it at fixed offsets; a small model learns it from a short
+  warm start, and still slips on arithmetic (partial reward).
 
 Trace format (one line per step, then the answer)::
 
-    Start at 37, add digits 1-9 until the total reaches 60.
-    37+8=45<60
-    45+9=54<60
-    54+7=61>=60
-    answer 61
+    Start at 037, add digits 1-9 until the total reaches 060.
+    037+8=045<060
+    045+9=054<060
+    054+7=061>=060
+    answer 061
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 PROMPT_TEMPLATE = "Start at {start}, add digits 1-9 until the total reaches {target}.\n"
 MEAN_DIGIT = 5.0  # mean of uniform 1..9: the distance per step a solution covers
-TRACE_FORMAT_VERSION = 1  # bump when the prompt or trace format changes
+TRACE_FORMAT_VERSION = 2  # bump when the prompt or trace format changes
 
 _STEP = re.compile(r"(\d+)\+(\d+)=(\d+)(<|>=)(\d+)")
 _ANSWER = re.compile(r"answer (\d+)")
@@ -47,13 +48,18 @@ class RunningSumConfig:
     min_start: int = 10
     max_start: int = 99
 
+    @property
+    def width(self) -> int:
+        """Digits of every number in the dataset: enough for the largest total a trace can reach."""
+        return len(str(self.max_start + round(self.max_steps * MEAN_DIGIT) + 4 + 9))
+
 
 @dataclass(frozen=True)
 class Problem:
     """One prompt of the task and what its reward needs."""
 
     text: str
-    reference: dict  # {"start": int, "target": int, "steps": int}
+    reference: dict  # {"start": int, "target": int, "steps": int, "width": int}
 
 
 def generate_problems(cfg: RunningSumConfig) -> list[Problem]:
@@ -66,10 +72,11 @@ def generate_problems(cfg: RunningSumConfig) -> list[Problem]:
         steps = min(max(steps, cfg.min_steps), cfg.max_steps)
         start = rng.randint(cfg.min_start, cfg.max_start)
         target = start + round(steps * MEAN_DIGIT) + rng.randint(0, 4)
+        w = cfg.width
         problems.append(
             Problem(
-                text=PROMPT_TEMPLATE.format(start=start, target=target),
-                reference={"start": start, "target": target, "steps": steps},
+                text=PROMPT_TEMPLATE.format(start=f"{start:0{w}d}", target=f"{target:0{w}d}"),
+                reference={"start": start, "target": target, "steps": steps, "width": w},
             )
         )
     return problems
@@ -77,18 +84,17 @@ def generate_problems(cfg: RunningSumConfig) -> list[Problem]:
 
 def solve(reference: dict, rng: random.Random) -> str:
     """A correct trace (the response text, without EOS). Different rng, different path."""
-    start, target = reference["start"], reference["target"]
+    start, target, w = reference["start"], reference["target"], reference["width"]
     lines, x = [], start
     while True:
         d = rng.randint(1, 9)
         y = x + d
-        if y < target:
-            lines.append(f"{x}+{d}={y}<{target}")
-        else:
-            lines.append(f"{x}+{d}={y}>={target}")
+        cmp = "<" if y < target else ">="
+        lines.append(f"{x:0{w}d}+{d}={y:0{w}d}{cmp}{target:0{w}d}")
+        if y >= target:
             break
         x = y
-    lines.append(f"answer {y}")
+    lines.append(f"answer {y:0{w}d}")
     return "\n".join(lines)
 
 

@@ -124,7 +124,7 @@ def test_process_pool_needs_a_spec_and_works_with_one():
 
     async def go():
         with RewardRunner("seer.tasks.running_sum:score", use_processes=True, max_workers=1) as runner:
-            s = _sample("37+9=46<60\n46+9=55<60\n55+9=64>=60\nanswer 64")
+            s = _sample("037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064")
             s.prompt = PromptSpec(0, "", [1], {"start": 37, "target": 60})
             return await runner.score(s)
 

@@ -32,8 +32,9 @@ def test_group_responses_share_structure_without_being_identical():
     rng = random.Random(0)
     group = [solve(p.reference, rng) for _ in range(8)]
     assert len(set(group)) == 8
-    target_suffix = f"<{p.reference['target']}\n"
-    assert all(g.startswith(f"{p.reference['start']}+") and target_suffix in g for g in group)
+    w = p.reference["width"]
+    target_suffix = f"<{p.reference['target']:0{w}d}\n"
+    assert all(g.startswith(f"{p.reference['start']:0{w}d}+") and target_suffix in g for g in group)
 
 
 def test_icc_separates_grouped_from_random_lengths():
@@ -42,7 +43,7 @@ def test_icc_separates_grouped_from_random_lengths():
 
 
 def _problem():
-    return {"start": 37, "target": 60, "steps": 4}
+    return {"start": 37, "target": 60, "steps": 4, "width": 3}
 
 
 def test_correct_trace_scores_one():
@@ -52,19 +53,19 @@ def test_correct_trace_scores_one():
 
 
 def test_correct_trace_tolerates_surrounding_whitespace():
-    assert score("37+9=46<60\n46+9=55<60\n55+9=64>=60\nanswer 64\n", _problem()) == 1.0
+    assert score("037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064\n", _problem()) == 1.0
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "37+9=46<60\n46+9=56<60\n56+9=65>=60\nanswer 65",  # arithmetic slip in step 2
-        "37+9=46<60\n46+9=55>=60\n55+9=64>=60\nanswer 64",  # wrong comparison
-        "37+9=46<60\n46+9=55<60\n55+9=64>=60\nanswer 63",  # wrong answer
-        "37+9=46<60\n46+9=55<60\n55+9=64>=60",  # no answer (truncated)
-        "37+9=46<60\n46+12=58<60\n58+9=67>=60\nanswer 67",  # not a digit
-        "37+9=46<61\n46+9=55<61\n55+9=64>=61\nanswer 64",  # wrong target
-        "37+9=46<60\n46+9=55<60\n55+9=64>=60\nanswer 64\nanswer 64",  # trailing junk
+        "037+9=046<060\n046+9=056<060\n056+9=065>=060\nanswer 065",  # arithmetic slip in step 2
+        "037+9=046<060\n046+9=055>=060\n055+9=064>=060\nanswer 064",  # wrong comparison
+        "037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 063",  # wrong answer
+        "037+9=046<060\n046+9=055<060\n055+9=064>=060",  # no answer (truncated)
+        "037+9=046<060\n046+012=058<060\n058+9=067>=060\nanswer 067",  # not a digit
+        "037+9=046<061\n046+9=055<061\n055+9=064>=061\nanswer 064",  # wrong target
+        "037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064\nanswer 064",  # trailing junk
         "",
     ],
 )
@@ -74,7 +75,7 @@ def test_flawed_trace_scores_below_one(text):
 
 def test_partial_credit_grows_with_correct_progress():
     ref = _problem()
-    early = score("37+9=47<60", ref)
-    late = score("37+9=46<60\n46+9=55<60\n55+9=65>=60\nanswer 65", ref)
+    early = score("037+9=047<060", ref)
+    late = score("037+9=046<060\n046+9=055<060\n055+9=065>=060\nanswer 065", ref)
     assert early == 0.0
     assert 0.0 < late <= 0.5

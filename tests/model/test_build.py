@@ -1,0 +1,58 @@
+"""Builds the tiny preset once (~30 s on two idle cores) into a fresh cache directory."""
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from seer.model import ensure_model, is_local_hf_checkpoint, model_dir, resolve_model
+from seer.model.build import BUILD_INFO
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("seer-cache")
+
+
+@pytest.fixture(scope="module")
+def tiny(cache):
+    return ensure_model("tiny", cache_dir=cache, progress=False)
+
+
+def test_tiny_builds_into_the_cache_as_an_hf_checkpoint(tiny, cache):
+    assert tiny == model_dir("tiny", cache)
+    assert tiny.parent == cache / "models"
+    assert is_local_hf_checkpoint(tiny)
+    info = json.loads((tiny / BUILD_INFO).read_text())
+    assert info["preset"] == "tiny" and info["warm_start"]["steps"] > 0
+    assert info["warm_start"]["final_loss"] < info["warm_start"]["first_loss"]
+    assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".tmp-")]  # no half-built leftovers
+
+
+def test_tiny_loads_with_auto_classes_and_generates(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    cfg = model.config
+    assert cfg.model_type == "qwen2" and cfg.num_key_value_heads < cfg.num_attention_heads
+    assert next(model.parameters()).dtype == torch.float32
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    ids = torch.tensor([tok("Start at 37, add digits 1-9 until the total reaches 60.\n")["input_ids"]])
+    out = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_second_call_reuses_the_cache(tiny, cache):
+    stamp = (tiny / "model.safetensors").stat().st_mtime_ns
+    t0 = time.monotonic()
+    again = ensure_model("tiny", cache_dir=cache, progress=False)
+    assert again == tiny
+    assert time.monotonic() - t0 < 1.0
+    assert (tiny / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_cache_dir_comes_from_the_environment(tiny, cache, monkeypatch):
+    monkeypatch.setenv("SEER_CACHE_DIR", str(cache))
+    assert resolve_model("tiny") == tiny
+    assert resolve_model(str(tiny)) == tiny.resolve()

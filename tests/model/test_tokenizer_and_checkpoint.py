@@ -1,0 +1,69 @@
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from seer.model import CheckpointError, check_hf_checkpoint, get_preset, is_local_hf_checkpoint, recipe_hash, resolve_model
+from seer.model.tokenizer import EOS_ID, build_tokenizer
+from seer.tasks.running_sum import RunningSumConfig, generate_problems, solve
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    build_tokenizer(model_max_length=4096).save_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_round_trip_of_prompts_and_traces(saved_tokenizer):
+    import random
+
+    p = generate_problems(RunningSumConfig(num_prompts=1, seed=0))[0]
+    text = p.text + solve(p.reference, random.Random(0))
+    ids = saved_tokenizer(text)["input_ids"]
+    assert len(ids) == len(text)  # one token per character, nothing added
+    assert saved_tokenizer.decode(ids) == text
+
+
+def test_special_tokens_and_unknown_characters(saved_tokenizer):
+    assert saved_tokenizer.eos_token_id == EOS_ID
+    assert saved_tokenizer.pad_token_id is not None and saved_tokenizer.bos_token_id is not None
+    ids = saved_tokenizer("a é")["input_ids"]
+    assert ids[-1] == saved_tokenizer.unk_token_id
+    assert saved_tokenizer.decode(saved_tokenizer("12\n")["input_ids"] + [EOS_ID], skip_special_tokens=True) == "12\n"
+
+
+def test_checkpoint_check_names_what_is_missing(tmp_path):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        check_hf_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError) as e:
+        check_hf_checkpoint(tmp_path)
+    for missing in ("config.json", "no weights", "tokenizer_config.json", "no tokenizer model"):
+        assert missing in str(e.value)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    build_tokenizer(64).save_pretrained(tmp_path)
+    assert is_local_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        check_hf_checkpoint(tmp_path)
+
+
+def test_resolve_model_rejects_a_bad_directory(tmp_path):
+    with pytest.raises(CheckpointError):
+        resolve_model(str(tmp_path))
+
+
+def test_unknown_preset_is_a_clear_error():
+    with pytest.raises(ValueError, match="known presets: default, tiny"):
+        get_preset("huge")
+
+
+def test_recipe_hash_tracks_the_recipe():
+    import dataclasses
+
+    tiny = get_preset("tiny")
+    changed = dataclasses.replace(tiny, warm_start=dataclasses.replace(tiny.warm_start, lr=tiny.warm_start.lr * 2))
+    assert recipe_hash(tiny) == recipe_hash(get_preset("tiny"))
+    assert recipe_hash(changed) != recipe_hash(tiny)
+    assert recipe_hash(get_preset("default")) != recipe_hash(tiny)
