@@ -1,0 +1,133 @@
+"""Paper-scale ablation by simulation: `python -m bench.sim [--scenarios ...] [--scale 1.0]`.
+
+For each of the paper's workloads (Table 3) it simulates one iteration under every configuration
+of the ladder, with the same hidden lengths, and prints throughput relative to the baseline next
+to the paper's Table 4. The step-time model is fitted from `bench/sim/step_times.json` (measured
+here) and its fit error is printed; acceptance comes from the paper's Table 2.
+Writes bench/results/sim_ablation.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.configs import select
+from bench.sim.simulate import SimRun, SimSettings, simulate
+from bench.sim.speculation import AcceptanceTable
+from bench.sim.step_model import STEP_TIMES, load
+from bench.workloads import PAPER_TABLE4, PAPER_WORKLOADS
+
+TOLERANCE = 0.25  # the issue's bar: full Seer vs baseline within +-25% of the paper's figure
+
+
+def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSettings, configs) -> dict:
+    w = PAPER_WORKLOADS[name]
+    if scale != 1.0:
+        w = w.scaled(scale)
+    per_seed: list[dict[str, SimRun]] = []
+    for seed in seeds:
+        hidden = w.hidden_lengths(seed)
+        per_seed.append({c.name: simulate(w, c, hidden, settings, seed) for c in configs})
+    rows = {}
+    for c in configs:
+        runs = [s[c.name] for s in per_seed]
+        ratios = [s[c.name].stats.tokens_per_s / s["baseline"].stats.tokens_per_s for s in per_seed] \
+            if "baseline" in per_seed[0] else [float("nan")]
+        st = [r.stats for r in runs]
+        rows[c.name] = {
+            "label": c.label,
+            "tokens_per_s": statistics.mean(s.tokens_per_s for s in st),
+            "ratio": statistics.mean(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "wall_s": statistics.mean(s.wall_s for s in st),
+            "tail_s": statistics.mean(s.tail_s for s in st),
+            "idle_fraction": statistics.mean(statistics.mean(i.idle_fraction for i in s.instances) for s in st),
+            "preemptions": statistics.mean(s.preemptions for s in st),
+            "chunks_migrated": statistics.mean(s.extra.get("chunks_migrated", 0) for s in st),
+            "mean_acceptance_length": runs[0].mean_acceptance_length,
+            "paper": PAPER_TABLE4[name].get(c.name),
+            "sim_seconds": sum(r.sim_seconds for r in runs),
+        }
+    return {"workload": {k: v for k, v in asdict(w).items()}, "seeds": seeds, "configs": rows}
+
+
+def check(result: dict) -> list[str]:
+    """The issue's acceptance bar, as findings (empty = met)."""
+    out = []
+    rows = result["configs"]
+    ladder = [n for n in ("baseline", "divided", "context", "grouped_sd") if n in rows]
+    for a, b in zip(ladder, ladder[1:]):
+        if rows[b]["ratio"] < rows[a]["ratio"]:
+            out.append(f"{b} ({rows[b]['ratio']:.2f}) below {a} ({rows[a]['ratio']:.2f})")
+    if "grouped_sd" in rows and rows["grouped_sd"]["paper"]:
+        got, paper = rows["grouped_sd"]["ratio"], rows["grouped_sd"]["paper"]
+        if abs(got - paper) / paper > TOLERANCE:
+            out.append(f"full Seer {got:.2f}x vs paper {paper:.2f}x: off by {abs(got - paper) / paper:.0%} (> 25%)")
+    return out
+
+
+def markdown(results: dict[str, dict], fit_text: str, command: str) -> str:
+    lines = [f"`{command}`", "", f"Step-time model: {fit_text}", ""]
+    for name, res in results.items():
+        w = res["workload"]
+        lines += [
+            f"### {name}: {w['instances']} instances, {w['groups']} groups x G={w['group_size']}, "
+            f"max {w['max_tokens']} / mean {w['mean_tokens']} tokens (scale {w['paper_scale']:g} of the paper), "
+            f"seeds {res['seeds']}",
+            "",
+            "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | idle | preemptions | migrated chunks | acceptance length |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c, r in res["configs"].items():
+            paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
+            mal = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+            lines.append(
+                f"| {r['label']} | {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {paper} | "
+                f"{r['tail_s']:.0f} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | {mal} |"
+            )
+        findings = res.get("findings") or []
+        lines += ["", "Bar (each step >= previous; full Seer within +-25% of the paper): "
+                  + ("met" if not findings else "NOT met: " + "; ".join(findings)),
+                  f"Simulated in {sum(r['sim_seconds'] for r in res['configs'].values()):.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS))
+    ap.add_argument("--configs", default="all")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the paper's instances and requests")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--step-times", default=str(STEP_TIMES))
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+
+    fit = load(args.step_times)
+    settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper())
+    configs = select(args.configs)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    command = "python -m bench.sim " + " ".join(argv if argv is not None else [])
+    print(fit.describe(), flush=True)
+    results = {}
+    for name in args.scenarios.split(","):
+        t0 = time.perf_counter()
+        res = run_scenario(name, args.scale, seeds, settings, configs)
+        res["findings"] = check(res)
+        res["elapsed_s"] = time.perf_counter() - t0
+        results[name] = res
+        print(markdown({name: res}, fit.describe(), command).split("\n", 4)[-1], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"command": command, "step_model": asdict(fit.model), "fit": {
+        "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
+        "points": fit.points, "batch_range": fit.batch_range, "context_range": fit.context_range},
+        "acceptance": settings.acceptance.source, "scenarios": results}
+    (out / "sim_ablation.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    (out / "sim_ablation.md").write_text(markdown(results, fit.describe(), command) + "\n")
+    return 0

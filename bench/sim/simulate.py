@@ -1,0 +1,160 @@
+"""Discrete-event simulation of one rollout iteration: the real Dispatcher and policy, modelled instances.
+
+The loop is the async driver's, on virtual time: dispatch every decision until the policy says
+Wait, then jump to the earliest instance event, feed finished chunks back through
+`Dispatcher.complete`, repeat. The policies, chunking, KV-budget placement and bookkeeping are
+the production code (`seer.scheduler`); only the engines are models (`bench.sim.instance`).
+Statistics come from `seer.rollout.engine.stats_from_result`, as for a real run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass
+
+from seer.rollout.backend import Telemetry
+from seer.rollout.engine import stats_from_result
+from seer.rollout.types import GenerateResult, IterationStats, PromptSpec, SamplingParams
+from seer.scheduler import SchedulerConfig
+from seer.scheduler.decisions import Wait
+from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
+from seer.scheduler.driver import RolloutResult
+
+from bench.configs import BenchConfig
+from bench.sim.instance import SimInstance, SimSeq
+from bench.sim.speculation import AcceptanceTable
+from bench.sim.step_model import StepModel
+from bench.workloads import LengthKey, Workload
+
+POOL_VS_PREFILL = 0.09  # KV-pool load time / recompute time per token, measured in docs/kvpool.md
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    step: StepModel
+    acceptance: AcceptanceTable
+    pool_vs_prefill: float = POOL_VS_PREFILL
+    gamma_max: int = 8
+    timeline_points: int = 300  # per instance, for plots
+
+
+@dataclass
+class SimRun:
+    config: str
+    stats: IterationStats
+    mean_acceptance_length: float | None
+    sim_seconds: float  # how long the simulation itself took
+    first_dispatch: list[str]  # request ids in the order of their first chunk's dispatch
+
+
+def _units(tokens: float, unit: int) -> int:
+    return max(1, int(round(tokens / unit)))
+
+
+def _references(disp: Dispatcher, ticket: ChunkTicket) -> int:
+    """Siblings already past this request's position: the group tree's references for its drafts."""
+    req = ticket.request
+    return sum(1 for r in disp.buffer.groups[req.group_id].requests if r is not req and r.generated > req.generated)
+
+
+def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, int], settings: SimSettings,
+             seed: int = 0, oracle_lengths: dict[LengthKey, int] | None = None) -> SimRun:
+    """One iteration of `workload` under `config`; `hidden` are the real-token target lengths.
+
+    Only the oracle policy is handed lengths (through make_policy, which refuses them to any
+    other policy): `oracle_lengths`, by default the true ones. The instances use `hidden` to know
+    when a response ends, as a real model would.
+    """
+    t0 = time.perf_counter()
+    u = workload.token_unit
+    hidden_u = {k: min(_units(v, u), _units(workload.max_tokens, u)) for k, v in hidden.items()}
+    cap = _units(workload.kv_capacity_tokens, u)
+    sched = SchedulerConfig(
+        policy=config.policy, chunk_size=_units(workload.chunk_size, u), block_size=1,
+        affinity_gap_tokens=_units(512, u), kv_capacity_tokens=cap,
+        max_running=workload.max_num_seqs,
+    )
+    told = hidden if oracle_lengths is None else oracle_lengths
+    policy = sched.build_policy({k: _units(v, u) for k, v in told.items()} if config.oracle else None)
+    prompt = [7] * _units(workload.prompt_tokens, u)
+    prompts = [PromptSpec(g, f"g{g}", prompt, {}) for g in range(workload.groups)]
+    names = [f"inst{i}" for i in range(workload.instances)]
+    disp = Dispatcher(prompts, workload.group_size, SamplingParams(max_tokens=_units(workload.max_tokens, u), seed=seed),
+                      policy, names, kv_capacity_tokens=cap)
+    step = settings.step.parallel(workload.gpus_per_instance)
+    insts = {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=config.speculate,
+                            gamma_max=settings.gamma_max, block=max(16 / u, 1e-3)) for n in names}
+    heap: list[tuple[float, int, str]] = []
+    version = {n: 0 for n in names}
+
+    def schedule(name: str) -> None:
+        version[name] += 1
+        t = insts[name].next_event()
+        if t < math.inf:
+            heapq.heappush(heap, (t, version[name], name))
+
+    now = 0.0
+    first_dispatch: list[str] = []
+    while not disp.done:
+        touched = set()
+        while not isinstance(d := disp.next_decision(), Wait):
+            ticket = disp.start(d, now)
+            req = ticket.request
+            if ticket.chunk_index == 0:
+                first_dispatch.append(req.request_id)
+            remaining = hidden_u[(req.group_id, req.sample_index)] - req.generated
+            goal = max(0, min(ticket.max_tokens, remaining))
+            context = len(ticket.generate.prompt_ids)
+            prefill = context if ticket.chunk_index == 0 else 0.0
+            load = (u * settings.step.prefill_s(context * u) * settings.pool_vs_prefill) if ticket.migrated else 0.0
+            seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, load, float(prefill),
+                         probe=req.sample_index == 0)
+            if config.speculate:
+                seq.accept = settings.acceptance.accept_rate(_references(disp, ticket))
+            insts[ticket.instance].submit(seq, now)
+            touched.add(ticket.instance)
+        for name in touched:
+            schedule(name)
+        while heap and heap[0][1] != version[heap[0][2]]:
+            heapq.heappop(heap)  # stale
+        if not heap:
+            raise RolloutError(f"simulation stalled with {len(disp.buffer) - disp.buffer.num_finished} requests left")
+        now, _, name = heapq.heappop(heap)
+        inst = insts[name]
+        for seq in inst.on_event(now):
+            t = seq.ticket
+            n = int(round(seq.made))
+            disp.complete(t, GenerateResult(
+                t.generate.request_id, [0] * n, [], "stop" if seq.stops else "length",
+                len(t.generate.prompt_ids) if t.chunk_index > 0 else 0, len(t.generate.prompt_ids),
+                name, now, now), now)
+        schedule(name)
+
+    telemetry = _telemetry(insts, cap, u, settings.timeline_points)
+    result = RolloutResult(policy.name, sorted(disp.samples, key=lambda s: (s.group_id, s.sample_index)),
+                           list(disp.events), telemetry, 0.0, now, policy.summary())
+    stats = stats_from_result(result, 0, names)
+    # Report tokens in real units, whatever the simulator's granularity.
+    stats.output_tokens *= u
+    stats.tokens_per_s *= u
+    for i in stats.instances:
+        i.output_tokens *= u
+    spec_rows = sum(i.spec_rows for i in insts.values())
+    mal = sum(i.spec_tokens for i in insts.values()) / spec_rows if spec_rows else None
+    stats.extra["token_unit"] = u
+    stats.extra["mean_acceptance_length"] = mal
+    return SimRun(config.name, stats, mal, time.perf_counter() - t0, first_dispatch)
+
+
+def _telemetry(insts: dict[str, SimInstance], cap: int, unit: int, points: int) -> list[Telemetry]:
+    """The instances' timelines as Telemetry records (thinned), so stats and plots match real runs."""
+    out = []
+    for name, inst in insts.items():
+        tl = inst.timeline
+        stride = max(1, len(tl) // points)
+        picked = tl[::stride] + ([tl[-1]] if tl else [])
+        out.append(Telemetry(name, 0.0, 0.0, cap * unit, 0, 0, 0))
+        out += [Telemetry(name, s.t, s.kv_usage, cap * unit, s.running, s.waiting, s.preemptions) for s in picked]
+    return out

@@ -1,0 +1,87 @@
+"""Grouped speculative decoding in the simulator: acceptance from group references, Algorithm 1's lengths.
+
+Acceptance is not invented: it comes from a measured table of mean acceptance length vs the
+number of group references n (the paper's Table 2 for paper-scale scenarios, or
+`bench/results/dgds_acceptance.json` measured here). A request's n is how many siblings have
+already generated past its position, i.e. how many references its group's suffix tree holds for
+the tokens it is about to draft. Draft lengths per step come from the project's own Algorithm 1
+(`seer.dgds.draft_length.plan_draft_lengths`) over the simulator's step-time model, so
+speculation switches itself off at large batches exactly as in the real proposer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from seer.dgds.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
+
+from bench.sim.step_model import StepModel
+
+# Paper Table 2 (Qwen2-VL-72B), linear drafting: references n -> mean acceptance length.
+PAPER_TABLE2_LINEAR: dict[int, float] = {0: 1.70, 1: 2.04, 5: 2.32, 15: 2.53}
+DRAFT_US_PER_TOKEN = 3.45e-6  # DGDS speculate cost per drafted token (bench/results/dgds_hotpath.md)
+
+
+def accept_rate_for_length(mean_len: float, draft_len: int) -> float:
+    """Per-position acceptance a with (1 - a^(g+1)) / (1 - a) = mean_len (bisection)."""
+    if mean_len <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 0.999999
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if tokens_per_step(mid, draft_len) < mean_len:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class AcceptanceTable:
+    """Mean acceptance length (bonus included) at `draft_len` per number of group references."""
+
+    lengths: dict[int, float]
+    draft_len: int = 8
+    source: str = "paper Table 2"
+
+    def accept_rate(self, references: int) -> float:
+        """Per-position acceptance for a request with `references` siblings ahead (step interpolation)."""
+        keys = sorted(self.lengths)
+        i = max(0, bisect.bisect_right(keys, references) - 1)
+        return accept_rate_for_length(self.lengths[keys[i]], self.draft_len)
+
+    @classmethod
+    def paper(cls) -> AcceptanceTable:
+        return cls(dict(PAPER_TABLE2_LINEAR), 8, "paper Table 2 (linear)")
+
+    @classmethod
+    def measured(cls, path: str | Path) -> AcceptanceTable:
+        d = json.loads(Path(path).read_text())
+        lengths = {int(n): float(v["linear"]) for n, v in d["mean_acceptance_length"].items()}
+        return cls(lengths, int(d.get("spec_tokens", 8)), f"measured here ({Path(path).name})")
+
+
+def plan(step: StepModel, unit: int, context: float, high: Sequence[float], low: Sequence[float],
+         gamma_max: int = 8, lam: float = 2.0) -> DraftLengths:
+    """Algorithm 1 for one step of one instance (rates of the probe and other requests).
+
+    The cost model is the simulator's own step model: verifying g drafts for B requests computes
+    B * (g + 1) positions; drafting costs the DGDS lookup per drafted token.
+    """
+    rates = [*high, *low]
+    if not rates:
+        return DraftLengths(0, 0)
+    a = sum(rates) / len(rates)
+    beta = [1.0] + [sum(r ** i for r in rates) / len(rates) for i in range(1, gamma_max + 2)]
+
+    def verify(b: int, g: int) -> float:
+        return step.step_s(b * (g + 1) * 1.0, context * unit)
+
+    def draft(b: int, g: int) -> float:
+        return b * g * DRAFT_US_PER_TOKEN
+
+    return plan_draft_lengths(len(high), len(low), beta, a, draft, verify, gamma_max, lam)

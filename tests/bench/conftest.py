@@ -1,0 +1,8 @@
+"""The benchmarks live in `bench/` at the repository root (not part of the installed package)."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
