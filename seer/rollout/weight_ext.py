@@ -4,9 +4,50 @@ Loaded inside each vLLM worker via `--worker-extension-cls seer.rollout.weight_e
 and called through the server's `/collective_rpc` (dev mode). Strict on-policy RL needs two
 things from an instance: the new weights, and an answer to "which weights are you serving?".
 Keep this module light: it is imported in every worker process.
+
+CPU backend caveat (vLLM 0.32): `process_weights_after_loading` packs every 2-D linear weight
+into a closure `layer.cpu_linear` (oneDNN handle / sgl-kernel packed copy), and the forward pass
+uses that packed copy, not `layer.weight`. vLLM's layerwise in-place reload re-runs that packing
+only for layers that received checkpoint tensors. A tied `lm_head` (tie_word_embeddings) never
+does -- the loader skips `lm_head.*` and the new values reach it only through the parameter it
+shares with `embed_tokens` -- so it kept computing logits with the OLD embedding matrix. We
+snapshot the packed closures before the reload and re-pack every layer whose closure survived.
 """
 
 from __future__ import annotations
+
+
+def _cpu_gemm_closures(model) -> dict:
+    """{module: its current `cpu_linear`} for every module the CPU GEMM dispatch has packed."""
+    return {m: m.__dict__["cpu_linear"] for m in model.modules() if "cpu_linear" in m.__dict__}
+
+
+def _repack_stale_cpu_gemms(model, before: dict) -> list[str]:
+    """Re-pack the layers whose packed weights the reload did not refresh; returns their names."""
+    import torch
+
+    repacked, stale = [], []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            old = before.get(module)
+            if old is None or module.__dict__.get("cpu_linear") is not old:
+                continue  # not a packed layer, or the reload already re-packed it
+            weight = getattr(module, "weight", None)
+            quant_method = getattr(module, "quant_method", None)
+            if weight is None or weight.is_meta or weight.ndim != 2 or weight.numel() == 0 or quant_method is None:
+                # the unpacked weight was dropped after packing (remove_weight=True), and the
+                # checkpoint had nothing for this layer: it would keep serving the old weights
+                stale.append(name)
+                continue
+            # e.g. a tied lm_head: `weight` already holds the new values, only the pack is old
+            quant_method.process_weights_after_loading(module)
+            repacked.append(name)
+    if stale:
+        raise RuntimeError(
+            f"in-place weight reload left layers with their old packed CPU weights: {stale} "
+            "(the checkpoint has no tensors for them?)"
+        )
+    return repacked
 
 
 class SeerWeightExtension:
@@ -17,17 +58,25 @@ class SeerWeightExtension:
         from pathlib import Path
 
         from safetensors.torch import load_file
+        from vllm.platforms import current_platform
 
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {path}")
-        # vLLM's in-place reload redoes the post-load processing (CPU backends repack linear
-        # weights, so writing into the loaded parameters directly would not work).
         tensors = {}
         for f in files:
             tensors.update(load_file(str(f)))
+        version_now = int(version)
+        # vLLM's in-place reload redoes the post-load processing (CPU backends repack linear
+        # weights, so writing into the loaded parameters directly would not work) ...
+        model = self.model_runner.get_model()
+        before = _cpu_gemm_closures(model) if current_platform.is_cpu() else {}
+        self._seer_weight_version = -1  # mid-update: serve no version until the reload finished
         self.reload_weights(weights_iterator=iter(tensors.items()))
-        self._seer_weight_version = int(version)
+        # ... but only for layers that received tensors; re-pack the others (tied lm_head).
+        if before:
+            _repack_stale_cpu_gemms(model, before)
+        self._seer_weight_version = version_now
         return str(self._seer_weight_version)
 
     def seer_weight_version(self) -> str:
