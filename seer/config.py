@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from seer.dgds.service import DGDSConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.tasks.dataset import TaskConfig
@@ -75,6 +76,7 @@ class RunConfig:
     instances: InstancesConfig = field(default_factory=InstancesConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kvpool: KVPoolConfig = field(default_factory=lambda: KVPoolConfig(capacity_bytes=1024 * 2**20))
+    dgds: DGDSConfig = field(default_factory=DGDSConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from seer.config import RunConfig
 from seer.metrics_log import MetricsLog, iteration_record, plot_iterations, summary_table
+from seer.dgds.service import DGDSService
 from seer.kvpool import KVPool
 from seer.model import resolve_model
 from seer.rollout.engine import RolloutEngine
@@ -57,16 +58,16 @@ class SyncLoop:
             f"run dir [bold]{self.run_dir}[/]"
         )
 
-    def start_pool(self, kv: KVPool) -> InstancePool:
+    def start_pool(self, kv: KVPool, dgds: DGDSService) -> InstancePool:
         cfg = self.cfg
         if cfg.instances.urls:
             return InstancePool.connect(list(cfg.instances.urls))
         specs = [
-            kv.configure(InstanceSpec(
+            dgds.configure(kv.configure(InstanceSpec(
                 name=f"inst{i}", model=str(self.model_dir), port=free_port(), cpus=cpus, dtype=cfg.model.dtype,
                 max_model_len=self.max_model_len, kv_cache_bytes=cfg.instances.kv_cache_bytes,
                 max_num_seqs=cfg.instances.max_num_seqs, seed=cfg.seed, extra_args=tuple(cfg.instances.extra_args),
-            ))
+            )))
             for i, cpus in enumerate(cpu_sets(cfg.instances.count))
         ]
         t0 = time.monotonic()
@@ -192,9 +193,10 @@ class SyncLoop:
             return records
         # Instances reached by URL bring their own KV configuration: no pool is launched for them.
         kv_cfg = replace(cfg.kvpool, enabled=cfg.kvpool.enabled and not cfg.instances.urls)
-        with KVPool.start(kv_cfg, self.run_dir / "kvpool") as kv:
+        dgds_cfg = replace(cfg.dgds, enabled=cfg.dgds.enabled and not cfg.instances.urls)
+        with KVPool.start(kv_cfg, self.run_dir / "kvpool") as kv, DGDSService.start(dgds_cfg, self.run_dir / "dgds") as dgds:
             self.kv_pool_on = kv.enabled
-            pool = self.start_pool(kv)
+            pool = self.start_pool(kv, dgds)
             try:
                 if trainer is not None and version > 0:
                     self.sync_weights(pool, trainer, version)  # resumed: serve the checkpoint's weights

@@ -12,11 +12,8 @@ standalone store outlives instances and is the pool's memory.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import stat
-import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -26,6 +23,7 @@ import mooncake
 
 from seer.kvpool.config import KVPoolConfig
 from seer.rollout.instance import free_port
+from seer.rollout.process import GuardedProcess
 
 
 class PoolStartError(RuntimeError):
@@ -51,51 +49,9 @@ class PoolEndpoints:
     metrics_url: str | None = None  # master's Prometheus /metrics, when known
 
 
-class GuardedProcess:
-    """One native process under seer.rollout.guard, logging to a file."""
-
-    def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None):
-        self.name = name
-        self.command = command
-        self.log_path = log_path
-        self.env = env or {}
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        env = dict(os.environ)
-        env.update(self.env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--", *self.command],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        log.close()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the guard, which takes the binary's process group down."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def check_alive(self) -> None:
-        if not self.alive():
-            code = None if self.proc is None else self.proc.returncode
-            raise PoolStartError(f"{self.name} exited (code {code}); log {self.log_path}:\n{self.log_tail()}")
+def check_alive(proc: GuardedProcess) -> None:
+    if not proc.alive():
+        raise PoolStartError(f"{proc.name} exited (code {proc.returncode}); log {proc.log_path}:\n{proc.log_tail()}")
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -138,7 +94,7 @@ def start_master(cfg: KVPoolConfig, log_dir: Path) -> tuple[GuardedProcess, Pool
     proc.start()
     deadline = time.monotonic() + cfg.ready_timeout_s
     while not (_port_open(host, rpc) and _port_open(host, http) and _port_open(host, metrics)):
-        proc.check_alive()
+        check_alive(proc)
         if time.monotonic() > deadline:
             proc.stop()
             raise PoolStartError(f"mooncake_master not ready after {cfg.ready_timeout_s:.0f}s:\n{proc.log_tail()}")
@@ -169,7 +125,7 @@ def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> G
     proc.start()
     deadline = time.monotonic() + cfg.ready_timeout_s
     while True:
-        proc.check_alive()
+        check_alive(proc)
         if endpoints.metrics_url is not None:
             mounted = _metric(endpoints.metrics_url, "master_total_capacity_bytes")
             ready = mounted is not None and mounted >= cfg.capacity_bytes

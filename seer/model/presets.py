@@ -29,8 +29,9 @@ class ArchSpec:
 class WarmStartSpec:
     """Supervised training on reference traces of the default task (a disjoint seed)."""
 
-    train_prompts: int
-    tokens_per_batch: int  # padded tokens per optimizer step
+    steps: int  # optimizer steps; the budget that sets build time
+    train_prompts: int  # generated traces; must fill `steps` batches
+    tokens_per_batch: int  # padded tokens per optimizer step (small: many updates learn fastest here)
     lr: float
     warmup_fraction: float = 0.05
     min_lr_fraction: float = 0.1
@@ -54,13 +55,13 @@ PRESETS: dict[str, ModelPreset] = {
     "default": ModelPreset(
         name="default",
         arch=ArchSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768),
-        warm_start=WarmStartSpec(train_prompts=3000, tokens_per_batch=4096, lr=2e-3),
+        warm_start=WarmStartSpec(steps=1000, train_prompts=3000, tokens_per_batch=1024, lr=3e-3),
     ),
     # For tests: builds in seconds, still emits task-shaped traces that end with EOS.
     "tiny": ModelPreset(
         name="tiny",
         arch=ArchSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192),
-        warm_start=WarmStartSpec(train_prompts=1200, tokens_per_batch=2048, lr=5e-3),
+        warm_start=WarmStartSpec(steps=600, train_prompts=2000, tokens_per_batch=1024, lr=1e-2),
     ),
 }
 

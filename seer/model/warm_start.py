@@ -90,14 +90,17 @@ def _collate(batch: list[_Example], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def warm_start(model: torch.nn.Module, tokenizer, spec: WarmStartSpec, *, progress: bool = True) -> WarmStartReport:
-    """Train `model` in place for one pass over the spec's generated traces."""
+    """Train `model` in place for `spec.steps` steps over the spec's generated traces (at most one pass)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
     try:
         examples = _examples(spec, tokenizer)
         batches = _batches(examples, spec.tokens_per_batch, spec.seed)
-        steps = len(batches)
+        if len(batches) < spec.steps:
+            raise ValueError(f"warm start: {spec.train_prompts} prompts fill {len(batches)} batches, fewer than {spec.steps} steps")
+        steps = spec.steps
+        batches = batches[:steps]
         warmup = max(1, int(spec.warmup_fraction * steps))
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
 

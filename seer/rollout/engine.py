@@ -87,8 +87,26 @@ def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -
          "running": t.num_running, "waiting": t.num_waiting}
         for t in result.telemetry
     ]
-    extra = {**result.chunk_summary(), "policy_summary": result.policy_summary, "kv_timeline": kv_timeline}
+    extra = {
+        **result.chunk_summary(),
+        "acceptance_length": acceptance_length(result.telemetry),
+        "policy_summary": result.policy_summary,
+        "kv_timeline": kv_timeline,
+    }
     return iteration_stats(
         iteration, result.policy, result.start_time, result.end_time, finish_times,
         result.output_tokens, instances, extra,
     )
+
+
+def acceptance_length(timeline: list) -> float | None:
+    """Mean tokens per verification step (accepted drafts + the bonus token) over the run, from
+    vLLM's spec-decode counters: first and last sample of each instance. None without drafts."""
+    first: dict = {}
+    last: dict = {}
+    for t in timeline:
+        first.setdefault(t.instance, t)
+        last[t.instance] = t
+    drafts = sum(last[n].spec_num_drafts - first[n].spec_num_drafts for n in last)
+    accepted = sum(last[n].spec_num_accepted_tokens - first[n].spec_num_accepted_tokens for n in last)
+    return 1.0 + accepted / drafts if drafts > 0 else None

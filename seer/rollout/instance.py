@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from seer.rollout import weights
+from seer.rollout.process import GuardedProcess
 
 
 class InstanceStartError(RuntimeError):
@@ -107,83 +106,9 @@ def cpu_sets(num_instances: int, cpus: list[int] | None = None) -> list[str]:
     return [",".join(str(c) for c in cores[i * per:(i + 1) * per]) for i in range(num_instances)]
 
 
-class VLLMServer:
-    """One running server (under seer.rollout.guard), its log file, and how to stop it."""
+class VLLMServer(GuardedProcess):
+    """One vLLM server under seer.rollout.guard, with its spec."""
 
     def __init__(self, spec: InstanceSpec, log_path: Path):
+        super().__init__(spec.name, spec.command(), log_path, spec.environment(), inherit_env=False)
         self.spec = spec
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-        self.started_at = 0.0
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--", *self.spec.command()]
-        self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.spec.environment(), start_new_session=True,
-        )
-        log.close()
-        self.started_at = time.monotonic()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the guard, which takes the server's process group down."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def kill(self) -> None:
-        """Hard kill (fault injection): the guard sees nothing, so kill the server group too."""
-        if self.proc is None:
-            return
-        import signal
-
-        for pid in _group_members(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-
-
-def _group_members(guard_pid: int) -> list[int]:
-    """Pids whose process-group leader is a child of the guard (the vLLM server tree)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ppid, pgid = int(stat[1]), int(stat[2])
-        if ppid == guard_pid or _parent_of(pgid) == guard_pid:
-            out.append(int(d.name))
-    return out
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1

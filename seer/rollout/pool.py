@@ -60,7 +60,7 @@ class InstancePool:
                 for name, (client, server) in list(pending.items()):
                     if not server.alive():
                         raise InstanceStartError(
-                            f"vLLM instance {name} exited during start-up (code {server.proc.returncode}); "
+                            f"vLLM instance {name} exited during start-up (code {server.returncode}); "
                             f"log {server.log_path}:\n{server.log_tail()}"
                         )
                     if await client.healthy():
@@ -98,8 +98,7 @@ class InstancePool:
             return
         self._closed = True
         for srv in self.servers:
-            if srv.proc is not None and srv.proc.poll() is None:
-                srv.proc.terminate()  # guards stop their servers in parallel
+            srv.terminate()  # guards stop their servers in parallel
         for srv in self.servers:
             srv.stop()
 

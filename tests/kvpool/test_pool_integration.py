@@ -107,7 +107,11 @@ def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_mo
     from seer.rollout.types import PromptSpec
     from seer.scheduler import RolloutDriver, SchedulerConfig
 
-    prompts = [PromptSpec(i, "", p, {}) for i, p in enumerate(task_prompts(tiny_model, 6)[2:6])]
+    # three requests on two instances, one chunk each at a time: whichever instance frees up next
+    # takes the request at the head of the FIFO, which last ran on the other one, so every
+    # completion order migrates requests (with an even count, strictly alternating completions
+    # would keep each request on its instance).
+    prompts = [PromptSpec(i, "", p, {}) for i, p in enumerate(task_prompts(tiny_model, 5)[2:5])]
     max_tokens = 3 * CHUNK
     # one chunk per instance at a time: a finished chunk's instance takes the next request in
     # FIFO order, which ran elsewhere, so requests migrate; distinct prompts and group_size 1

@@ -73,13 +73,12 @@ def test_repack_stale_cpu_gemms_only_touches_unrefreshed_layers():
 
 
 @pytest.mark.vllm
-def test_in_place_reload_matches_transformers_and_restores(tiny_model, tmp_path):
+def test_in_place_reload_matches_transformers_and_restores(vllm_pool, tiny_model, tmp_path):
+    """On the shared instances: new weights in place, exact generation, versions, stale refusal."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
     from seer.rollout.types import GenerateRequest, SamplingParams
-    from seer.rollout.weights import push_weights, weight_version
+    from seer.rollout.weights import StaleWeightsError, push_weights, require_version, weight_version
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompt = tok("sum 12 7 30 =")["input_ids"]
@@ -93,39 +92,41 @@ def test_in_place_reload_matches_transformers_and_restores(tiny_model, tmp_path)
     base_tokens, _ = _hf_greedy(tiny_model, prompt)
     new_tokens, new_logprobs = _hf_greedy(tmp_path / "v1", prompt)
     assert new_tokens != base_tokens
+    clients = vllm_pool.clients
 
-    spec = InstanceSpec(name="reload", model=str(tiny_model), port=free_port(), cpus="0",
-                        max_model_len=512, kv_cache_bytes=32 * 2**20, max_num_seqs=8)
-    with InstancePool.launch([spec], tmp_path / "logs", ready_timeout_s=600) as pool:
-        (client,) = pool.clients
+    async def greedy(client, tag):
+        r = await client.generate(
+            GenerateRequest(f"reload-{tag}-{client.name}", prompt, N_TOKENS, SamplingParams(temperature=0.0)))
+        return r.token_ids, r.logprobs
 
-        async def greedy(tag):
-            r = await client.generate(
-                GenerateRequest(f"reload-{tag}", prompt, N_TOKENS, SamplingParams(temperature=0.0)))
-            return r.token_ids, r.logprobs
+    async def go():
+        try:
+            steps = {"before": ([await greedy(c, "before") for c in clients], [await weight_version(c) for c in clients])}
+            for tag, path, version in [("v1", tmp_path / "v1", 1), ("restored", tiny_model, 2),
+                                       ("v1-again", tmp_path / "v1", 3)]:
+                await push_weights(clients, str(path), version)
+                steps[tag] = ([await greedy(c, tag) for c in clients], [await weight_version(c) for c in clients])
+            await require_version(clients, 3)
+            with pytest.raises(StaleWeightsError, match="serve"):
+                await require_version(clients, 4)  # an iteration cannot start on stale weights
+            await push_weights(clients, str(tiny_model), 0)  # leave the shared instances as found
+            return steps
+        finally:
+            for c in clients:
+                await c.close()
 
-        async def go():
-            try:
-                steps = {"before": (await greedy("before"), await weight_version(client))}
-                for tag, path, version in [("v1", tmp_path / "v1", 1), ("restored", tiny_model, 2),
-                                           ("v1-again", tmp_path / "v1", 3)]:
-                    await push_weights([client], str(path), version)
-                    steps[tag] = (await greedy(tag), await weight_version(client))
-                return steps
-            finally:
-                await client.close()
-
-        steps = asyncio.run(go())
-
-    (before, before_lp), v0 = steps["before"]
-    assert v0 == 0 and before == base_tokens
+    steps = asyncio.run(go())
+    before, v0 = steps["before"]
+    assert v0 == [0, 0] and all(tokens == base_tokens for tokens, _ in before)
     for tag, version in [("v1", 1), ("v1-again", 3)]:
-        (tokens, logprobs), v = steps[tag]
-        assert v == version
-        # exactly transformers' greedy generation on the pushed checkpoint ...
-        assert tokens == new_tokens, tag
-        # ... with its logprobs (the stale tied lm_head was off by whole nats)
-        assert max(abs(a - b) for a, b in zip(logprobs, new_logprobs)) < 1e-3, tag
-    (restored, restored_lp), v = steps["restored"]
-    assert v == 2 and restored == before
-    assert max(abs(a - b) for a, b in zip(restored_lp, before_lp)) < 1e-4
+        outs, v = steps[tag]
+        assert v == [version, version]
+        for tokens, logprobs in outs:
+            # exactly transformers' greedy generation on the pushed checkpoint ...
+            assert tokens == new_tokens, tag
+            # ... with its logprobs (the stale tied lm_head was off by whole nats)
+            assert max(abs(a - b) for a, b in zip(logprobs, new_logprobs)) < 1e-3, tag
+    restored, v = steps["restored"]
+    assert v == [2, 2]
+    for (tokens, lp), (tokens0, lp0) in zip(restored, before):
+        assert tokens == tokens0 and max(abs(a - b) for a, b in zip(lp, lp0)) < 1e-4

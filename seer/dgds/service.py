@@ -1,0 +1,115 @@
+"""The DGDS as part of a run: launch (or join) the draft server and enable the proposer on instances.
+
+The run config's `dgds:` section. Off by default on CPU: vLLM 0.32's CPU backend does not keep
+sampled (temperature > 0) outputs exact under speculative decoding (docs/dgds.md), and strict
+on-policy RL must never train on samples the policy would not have produced. Turn it on where
+the backend's rejection sampler is exact (GPU), or for greedy rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from seer.rollout.instance import InstanceSpec, free_port
+from seer.rollout.process import GuardedProcess
+
+PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
+
+
+@dataclass(frozen=True)
+class DGDSConfig:
+    enabled: bool = False
+    address: str | None = None  # host:port of a running `seer-dgds serve`; None launches one here
+    host: str = "127.0.0.1"
+    num_speculative_tokens: int = 8  # gamma_max
+    mode: Literal["group", "request"] = "group"  # request: per-request-only drafting (ablation)
+    adaptive: bool = True  # Algorithm 1 draft lengths; False: always gamma_max
+    max_depth: int = 64
+    ready_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"dgds.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.address is not None and ":" not in self.address:
+            raise ValueError(f"dgds.address must be host:port, got {self.address!r}")
+
+
+class DGDSStartError(RuntimeError):
+    """The draft server did not come up; carries its log tail."""
+
+
+def wait_serving(address: str, timeout_s: float) -> bool:
+    """True once the server's grpc.health.v1 check answers SERVING."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.3)
+    return False
+
+
+class DGDSService:
+    def __init__(self, config: DGDSConfig, address: str | None, process=None):
+        self.config = config
+        self.address = address
+        self.process = process
+
+    @classmethod
+    def start(cls, config: DGDSConfig, log_dir: str | Path) -> DGDSService:
+        if not config.enabled:
+            return cls(config, None)
+        if config.address is not None:
+            if not wait_serving(config.address, config.ready_timeout_s):
+                raise DGDSStartError(f"DGDS at {config.address} does not answer health checks")
+            return cls(config, config.address)
+        port = free_port(config.host)
+        proc = GuardedProcess(
+            "seer-dgds",
+            [sys.executable, "-m", "seer.dgds.cli", "serve", "--host", config.host, "--port", str(port),
+             "--max-depth", str(config.max_depth), "--log-level", "WARNING"],
+            Path(log_dir) / "dgds.log",
+        )
+        proc.start()
+        service = cls(config, f"{config.host}:{port}", proc)
+        if not wait_serving(service.address, config.ready_timeout_s):
+            tail = proc.log_tail()
+            service.close()
+            raise DGDSStartError(f"seer-dgds did not become ready on {service.address}; log:\n{tail}")
+        return service
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def configure(self, spec: InstanceSpec) -> InstanceSpec:
+        """`spec` with the grouped-draft proposer enabled (unchanged when DGDS is off)."""
+        if not self.enabled:
+            return spec
+        c = self.config
+        flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": c.num_speculative_tokens})
+        env = {"SEER_DGDS_ADDRESS": self.address, "SEER_DGDS_MODE": c.mode, "SEER_DGDS_ADAPTIVE": "1" if c.adaptive else "0"}
+        return replace(spec, extra_args=(*spec.extra_args, "--speculative-config", flag), env={**env, **spec.env})
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def __enter__(self) -> DGDSService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""A child process under seer.rollout.guard, logging to a file: never orphaned.
+
+Every long-lived helper process Seer starts (vLLM servers, mooncake_master and its store, the
+DGDS server) goes through this one class, so all of them die with the driver, even on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class GuardedProcess:
+    def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 inherit_env: bool = True):
+        self.name = name
+        self.command = command
+        self.log_path = Path(log_path)
+        self.env = env or {}
+        self.inherit_env = inherit_env
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ) if self.inherit_env else {}
+        env.update(self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--", *self.command],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+        log.close()
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def terminate(self) -> None:
+        """Ask the guard to stop its child (does not wait; `stop` does)."""
+        if self.alive():
+            self.proc.terminate()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the guard, which takes the child's whole process group down."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """Hard kill (fault injection): the guard never sees it, so kill the child's group too."""
+        if self.proc is None:
+            return
+        for pid in _children(self.proc.pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the child leads its own process group
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(d.name))
+    return out
