@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from seer.rollout.types import IterationStats, PromptSpec, RolloutBatch, Sample
 from seer.trainer import SFTExample, Trainer, TrainerConfig
