@@ -80,14 +80,23 @@ class SimInstance:
     spec_rows: float = 0.0
     timeline: list[InstanceSample] = field(default_factory=list)
     _step_s: float = 0.0
+    _used: float = 0.0  # KV held by the running requests, kept incrementally (hot path)
+    _dirty: bool = False  # submitted work not yet admitted
 
     # -- state ---------------------------------------------------------------------------------
     @property
     def used(self) -> float:
-        return sum(s.context for s in self.running)
+        return self._used
 
     def _active(self) -> list[SimSeq]:
         return [s for s in self.running if s.ready_at <= self.now + EPS]
+
+    def settle(self) -> None:
+        """Admit what fits and re-price the step; once per event, however many chunks arrived."""
+        self._admit()
+        self._reprice()
+        self._sample()
+        self._dirty = False
 
     def _reprice(self) -> None:
         """Step time and per-request rates for the current batch (Algorithm 1 when speculating)."""
@@ -118,6 +127,8 @@ class SimInstance:
     # -- time ----------------------------------------------------------------------------------
     def next_event(self) -> float:
         """When something changes here: a chunk ends, KV runs out, a load or prefill ends."""
+        if self._dirty:
+            self.settle()
         if not self.running:
             return math.inf
         if self.stall_until > self.now + EPS:
@@ -130,9 +141,9 @@ class SimInstance:
         if not active:
             return t
         step = self._step_s
-        steps = min(s.remaining / s.rate for s in active)
+        steps = min((s.goal - s.made) / s.rate for s in active)
         if len(self.running) > 1:  # a lone request runs even if it outgrows the cache (vLLM would too)
-            room = self.capacity - self.used
+            room = self.capacity - self._used
             steps = min(steps, max(room, 0.0) / sum(s.rate for s in active))
         steps = min(steps, self.max_epoch_steps)
         return min(t, self.now + max(steps, 0.0) * step)
@@ -144,41 +155,43 @@ class SimInstance:
         start = max(self.now, self.stall_until)
         if start < to and self._step_s < math.inf:
             steps = (to - start) / self._step_s
+            grown = 0.0
             for s in self.running:
                 if s.ready_at <= start + EPS:
-                    n = min(s.rate * steps, s.remaining)
+                    n = min(s.rate * steps, s.goal - s.made)
                     s.made += n
                     s.context += n
+                    grown += n
                     if self.speculate:
                         self.spec_tokens += n
                         self.spec_rows += n / s.rate
+            self._used += grown
         self.now = to
 
     def on_event(self, now: float) -> list[SimSeq]:
         """Advance to `now`; return the chunks that finished; preempt and admit as vLLM would."""
         self.advance(now)
-        done = [s for s in self.running if s.remaining <= 1e-6]
+        done = [s for s in self.running if s.goal - s.made <= 1e-6]
         if done:
-            self.running = [s for s in self.running if s.remaining > 1e-6]
+            self.running = [s for s in self.running if s.goal - s.made > 1e-6]
+            self._used -= sum(s.context for s in done)
         # Out of KV: preempt the most recently admitted (vLLM's FCFS victim) until the batch fits again.
         while self.running and self.used > self.capacity - EPS and len(self.running) > 1:
             victim = max(self.running, key=lambda s: s.admitted)
             self.running.remove(victim)
+            self._used -= victim.context
             victim.preempted += 1
             victim.prefill = victim.context  # recompute the whole context on readmission
             self.waiting.appendleft(victim)
             self.preemptions += 1
-        self._admit()
-        self._reprice()
-        self._sample()
+        self.settle()
         return done
 
     def submit(self, seq: SimSeq, now: float) -> None:
+        """Queue a chunk; it is admitted at the next settle() (or next_event())."""
         self.advance(now)
         self.waiting.append(seq)
-        self._admit()
-        self._reprice()
-        self._sample()
+        self._dirty = True
 
     def _admit(self) -> None:
         used = self.used
@@ -197,3 +210,4 @@ class SimInstance:
             self.admissions += 1
             self.running.append(head)
             used += head.context
+            self._used += head.context

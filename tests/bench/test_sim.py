@@ -115,6 +115,7 @@ def test_fcfs_head_blocks_admission_and_batch_limit_holds():
     inst = SimInstance("a", capacity=100, max_num_seqs=2, step=STEP, unit=1)
     for s in [_seq(i, 10, 5) for i in range(4)]:
         inst.submit(s, 0.0)
+    inst.settle()
     assert len(inst.running) == 2 and len(inst.waiting) == 2
 
 

@@ -1,0 +1,318 @@
+"""Rollout throughput, configuration by configuration, on real vLLM instances: `python -m bench.compare`.
+
+    python -m bench.compare [--mode model|trace] [--model tiny] [--groups 16] [--group-size 4]
+                            [--repeats 3] [--configs all] [--out bench/results/compare]
+
+The same workload (prompts, per-chunk seeds, sampling, instances) runs under each configuration
+of the ladder (bench.configs): baseline group round-robin, + divided rollout, + context-aware
+scheduling, + grouped speculative decoding (DGDS), and oracle longest-first. Instances start
+once and serve every configuration; the speculative one needs vLLM's speculative flag, so it has
+its own instances (same cores, idle while the others run) and the DGDS server. Configurations
+alternate in order across repeats (forward, then backward) so drift on a shared machine does not
+favour one; every run starts with the instances' prefix caches emptied, and an untimed warm-up
+runs first on each pool.
+
+Modes: `model` (default) generates with the model on the built-in task, lengths are the model's
+own; the oracle gets the lengths of the warm-up run (same chunking, same seeds). `trace` gives every
+request a hidden heavy-tailed, group-correlated target length (bench.workloads) that only the
+instances (bench.trace_backend) and the oracle see.
+
+Writes <out>/compare.json, compare.md (ratios to the baseline, spread over repeats) and PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from seer.rollout.engine import stats_from_result
+from seer.rollout.types import IterationStats, PromptSpec, SamplingParams
+from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
+
+from bench.configs import BenchConfig, select
+from bench.trace_backend import TraceBackend
+from bench.workloads import LengthModel
+
+PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    mode: str = "model"  # model | trace
+    model: str = "tiny"
+    groups: int = 16
+    group_size: int = 4
+    max_tokens: int = 384
+    mean_tokens: int = 120  # trace mode
+    chunk_size: int = 64
+    instances: int = 2
+    kv_cache_bytes: int = 2 << 20  # per instance; small on purpose, so that the baseline overloads it
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    repeats: int = 3
+    temperature: float = 1.0
+    seed: int = 7
+    spec_tokens: int = 8
+    configs: str = "all"
+    out: str = "bench/results/compare"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("model", "trace"):
+            raise ValueError(f"--mode must be model or trace, got {self.mode!r}")
+        if self.groups < 1 or self.group_size < 2 or self.repeats < 1 or self.chunk_size < 1:
+            raise ValueError("groups >= 1, group_size >= 2, repeats >= 1 and chunk_size >= 1 are required")
+
+
+@dataclass
+class ConfigRun:
+    config: str
+    repeat: int
+    position: int  # order within the repeat
+    stats: IterationStats
+    mean_acceptance_length: float | None
+    lengths: dict = field(default_factory=dict)
+
+
+def _acceptance(before, after) -> float | None:
+    drafts = sum(a.spec_num_drafts - b.spec_num_drafts for a, b in zip(after, before))
+    accepted = sum(a.spec_num_accepted_tokens - b.spec_num_accepted_tokens for a, b in zip(after, before))
+    return 1.0 + accepted / drafts if drafts > 0 else None
+
+
+async def run_one(backends, clients, cfg: BenchConfig, prompts: list[PromptSpec], s: CompareSettings,
+                  prefix: str, true_lengths=None) -> tuple[IterationStats, float | None, dict]:
+    """One iteration under `cfg`; caches emptied first so no run reuses another's KV."""
+    for c in clients:
+        await c.reset_prefix_cache()
+    sched = SchedulerConfig(policy=cfg.policy, chunk_size=s.chunk_size, max_running=s.max_num_seqs,
+                            telemetry_interval_s=0.25)
+    driver = RolloutDriver(backends, sched)
+    sampling = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed,
+                              ignore_eos=s.mode == "trace")
+    before = [await c.telemetry() for c in clients]
+    result = await driver.run(prompts, group_size=s.group_size, sampling=sampling, request_id_prefix=prefix,
+                              true_lengths=true_lengths if cfg.oracle else None)
+    after = [await c.telemetry() for c in clients]
+    stats = stats_from_result(result, 0, [b.name for b in backends])
+    return stats, _acceptance(before, after), true_lengths_from_samples(result.samples)
+
+
+def _prompts(s: CompareSettings, model_dir: Path) -> list[PromptSpec]:
+    from transformers import AutoTokenizer
+
+    from seer.tasks import TaskConfig, encode_prompts, load_task
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    records = load_task(TaskConfig(num_prompts=s.groups, seed=s.seed)).records
+    return encode_prompts(records, tok, s.max_model_len, min_new_tokens=s.max_tokens)
+
+
+def run(s: CompareSettings, progress=print) -> dict:
+    from seer.dgds.server import DgdsServer
+    from seer.model import ensure_model
+    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+    from seer.rollout.pool import InstancePool
+
+    configs = select(s.configs)
+    model_dir = Path(s.model) if Path(s.model).is_dir() else ensure_model(s.model, progress=False)
+    prompts = _prompts(s, model_dir)
+    hidden = None
+    if s.mode == "trace":
+        hidden = LengthModel(s.mean_tokens, s.max_tokens).sample(s.groups, s.group_size, s.seed)
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cores = cpu_sets(s.instances)
+    # Dev mode: /reset_prefix_cache between runs. A large token budget per step: vLLM 0.32's CPU
+    # backend fails on seeded requests whose prefill is split over steps.
+    common = dict(model=str(model_dir), max_model_len=s.max_model_len, kv_cache_bytes=s.kv_cache_bytes,
+                  max_num_seqs=s.max_num_seqs, seed=s.seed, weight_sync=False,
+                  env={"VLLM_SERVER_DEV_MODE": "1"})
+    batched = ("--max-num-batched-tokens", str(max(8192, s.max_num_seqs * s.max_model_len)))
+    plain_specs = [InstanceSpec(f"inst{i}", port=free_port(), cpus=c, extra_args=batched, **common)
+                   for i, c in enumerate(cores)]
+    want_sd = any(c.speculate for c in configs)
+    dgds = DgdsServer("127.0.0.1", 0).start() if want_sd else None
+    spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
+    sd_specs = [InstanceSpec(f"inst{i}", port=free_port(), cpus=c,
+                             extra_args=(*batched, "--speculative-config", spec_flag),
+                             **{**common, "env": {**common["env"], "SEER_DGDS_ADDRESS": dgds.address}})
+                for i, c in enumerate(cores)] if want_sd else []
+    t0 = time.monotonic()
+    progress(f"starting {len(plain_specs) + len(sd_specs)} vLLM instances ({'plain + speculative' if want_sd else 'plain'})")
+    runs: list[ConfigRun] = []
+    try:
+        with InstancePool.launch(plain_specs + sd_specs, out / "logs") as pool:
+            progress(f"instances ready in {time.monotonic() - t0:.0f} s")
+            plain, sd = pool.clients[:len(plain_specs)], pool.clients[len(plain_specs):]
+            prompt_lens = {g: len(p.prompt_ids) for g, p in enumerate(prompts)}
+
+            def backends(clients):
+                return [TraceBackend(c, hidden, prompt_lens) for c in clients] if hidden else list(clients)
+
+            async def go():
+                try:
+                    warm = BenchConfig("warmup", "divided")
+                    _, _, lengths = await run_one(backends(plain), plain, warm, prompts, s, "warm-")
+                    if sd:
+                        await run_one(backends(sd), sd, warm, prompts, s, "warmsd-")
+                    true_lengths = hidden or lengths  # the oracle's "previous run"
+                    for rep in range(s.repeats):
+                        order = configs if rep % 2 == 0 else configs[::-1]
+                        for pos, cfg in enumerate(order):
+                            clients = sd if cfg.speculate else plain
+                            stats, mal, lens = await run_one(backends(clients), clients, cfg, prompts, s,
+                                                             f"r{rep}-{cfg.name}-", true_lengths)
+                            runs.append(ConfigRun(cfg.name, rep, pos, stats, mal,
+                                                  {f"{g}-{k}": v for (g, k), v in lens.items()}))
+                            progress(f"repeat {rep} {cfg.name:10s} {stats.tokens_per_s:8.1f} tok/s  wall "
+                                     f"{stats.wall_s:6.1f} s  tail {stats.tail_s:5.1f} s  preemptions {stats.preemptions}"
+                                     + (f"  acceptance {mal:.2f}" if mal else ""))
+                finally:
+                    await pool.aclose_clients()
+
+            asyncio.run(go())
+    finally:
+        if dgds is not None:
+            dgds.stop(0.5)
+    result = summarize(s, configs, runs)
+    result["elapsed_s"] = time.monotonic() - t0
+    (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "compare.md").write_text(markdown(result) + "\n")
+    plot(result, runs, out)
+    return result
+
+
+def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigRun]) -> dict:
+    """Per configuration: mean and spread over repeats, and ratios to the baseline of the same repeat."""
+    base = {r.repeat: r.stats.tokens_per_s for r in runs if r.config == "baseline"}
+    rows = {}
+    for cfg in configs:
+        mine = [r for r in runs if r.config == cfg.name]
+        tps = [r.stats.tokens_per_s for r in mine]
+        ratios = [r.stats.tokens_per_s / base[r.repeat] for r in mine if r.repeat in base]
+        mal = [r.mean_acceptance_length for r in mine if r.mean_acceptance_length is not None]
+        rows[cfg.name] = {
+            "label": cfg.label,
+            "tokens_per_s": statistics.mean(tps),
+            "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps),
+            "ratio": statistics.mean(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "wall_s": statistics.mean(r.stats.wall_s for r in mine),
+            "tail_s": statistics.mean(r.stats.tail_s for r in mine),
+            "idle_fraction": statistics.mean(statistics.mean(i.idle_fraction for i in r.stats.instances) for r in mine),
+            "idle_fraction_per_instance": [statistics.mean(r.stats.instances[k].idle_fraction for r in mine)
+                                           for k in range(len(mine[0].stats.instances))],
+            "preemptions": statistics.mean(r.stats.preemptions for r in mine),
+            "chunks_dispatched": statistics.mean(r.stats.extra.get("chunks_dispatched", 0) for r in mine),
+            "chunks_migrated": statistics.mean(r.stats.extra.get("chunks_migrated", 0) for r in mine),
+            "migrated_prefix_tokens_cached": statistics.mean(r.stats.extra.get("migrated_prefix_tokens_cached", 0) for r in mine),
+            "output_tokens": statistics.mean(r.stats.output_tokens for r in mine),
+            "mean_acceptance_length": statistics.mean(mal) if mal else None,
+        }
+    return {
+        "bench": "compare", "settings": asdict(s), "machine": platform.platform(), "cpus": os.cpu_count(),
+        "command": "python -m bench.compare " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(s).items()
+                                                          if v != getattr(CompareSettings(), k)),
+        "configs": rows,
+        "runs": [{"config": r.config, "repeat": r.repeat, "position": r.position, "stats": asdict(r.stats),
+                  "mean_acceptance_length": r.mean_acceptance_length} for r in runs],
+    }
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [
+        f"`{result['command']}` ({s['mode']} mode, model `{s['model']}`, {s['groups']} groups x G={s['group_size']}, "
+        f"max {s['max_tokens']} tokens, chunk {s['chunk_size']}, {s['instances']} instances x 1 core, "
+        f"{s['repeats']} repeats, order alternating; {result.get('elapsed_s', 0):.0f} s in all)",
+        "",
+        "| configuration | output tok/s (min-max) | vs baseline (min-max) | wall s | tail s | idle | preemptions | chunks (migrated) | acceptance length |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["configs"].items():
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+        mal = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+        lines.append(
+            f"| {r['label']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) | {ratio} | "
+            f"{r['wall_s']:.1f} | {r['tail_s']:.1f} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | "
+            f"{r['chunks_dispatched']:.0f} ({r['chunks_migrated']:.0f}) | {mal} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(result: dict, runs: list[ConfigRun], out: Path) -> None:
+    """Throughput bars with the spread over repeats; KV usage and running requests per instance over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["configs"]
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    means = [rows[n]["tokens_per_s"] for n in names]
+    err = [[m - rows[n]["tokens_per_s_min"] for m, n in zip(means, names)],
+           [rows[n]["tokens_per_s_max"] - m for m, n in zip(means, names)]]
+    ax.bar(names, means, yerr=err, capsize=4, color="tab:blue")
+    for i, n in enumerate(names):
+        if rows[n]["ratio"] is not None:
+            ax.text(i, means[i], f"{rows[n]['ratio']:.2f}x", ha="center", va="bottom")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("rollout throughput per configuration (bars: mean, whiskers: min-max over repeats)")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+    plt.close(fig)
+    timeline_plot([(r.config, r.stats.extra.get("kv_timeline", [])) for r in runs if r.repeat == 0],
+                  out / "timelines.png")
+
+
+def timeline_plot(series: list[tuple[str, list[dict]]], path: Path) -> None:
+    """One column per configuration: KV usage (top) and running requests (bottom), one line per instance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(series), figsize=(3.2 * len(series), 5), squeeze=False, sharey="row")
+    for col, (name, tl) in enumerate(series):
+        for inst in sorted({p["instance"] for p in tl}):
+            pts = [p for p in tl if p["instance"] == inst]
+            t = [p["t"] for p in pts]
+            axes[0][col].plot(t, [p["kv_usage"] for p in pts], label=inst, lw=1)
+            axes[1][col].plot(t, [p["running"] for p in pts], label=inst, lw=1)
+        axes[0][col].set_title(name)
+        axes[1][col].set_xlabel("s")
+    axes[0][0].set_ylabel("KV usage")
+    axes[1][0].set_ylabel("running requests")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse(argv: list[str] | None) -> CompareSettings:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = CompareSettings()
+    for f, v in asdict(d).items():
+        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    return CompareSettings(**vars(ap.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse(argv)
+    result = run(s, progress=lambda m: print(m, flush=True))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
