@@ -74,7 +74,8 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     instances: InstancesConfig = field(default_factory=InstancesConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Chunks of 1/8 of the maximum generation length, the paper's proportion (8192 of 64K).
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(chunk_size=256))
     kvpool: KVPoolConfig = field(default_factory=lambda: KVPoolConfig(capacity_bytes=1024 * 2**20))
     dgds: DGDSConfig = field(default_factory=DGDSConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
