@@ -51,7 +51,7 @@ class CompareSettings:
     group_size: int = 4
     max_tokens: int = 384
     mean_tokens: int = 120  # trace mode
-    chunk_size: int = 64
+    chunk_size: int = 128
     instances: int = 2
     kv_cache_bytes: int = 2 << 20  # per instance; small on purpose, so that the baseline overloads it
     max_num_seqs: int = 64
@@ -140,7 +140,7 @@ def run(s: CompareSettings, progress=print) -> dict:
     want_sd = any(c.speculate for c in configs)
     dgds = DgdsServer("127.0.0.1", 0).start() if want_sd else None
     spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
-    sd_specs = [InstanceSpec(f"inst{i}", port=free_port(), cpus=c,
+    sd_specs = [InstanceSpec(f"sd-inst{i}", port=free_port(), cpus=c,
                              extra_args=(*batched, "--speculative-config", spec_flag),
                              **{**common, "env": {**common["env"], "SEER_DGDS_ADDRESS": dgds.address}})
                 for i, c in enumerate(cores)] if want_sd else []

@@ -12,11 +12,13 @@ speculation switches itself off at large batches exactly as in the real proposer
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from seer.dgds.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
 
 from bench.sim.step_model import StepModel
@@ -26,6 +28,7 @@ PAPER_TABLE2_LINEAR: dict[int, float] = {0: 1.70, 1: 2.04, 5: 2.32, 15: 2.53}
 DRAFT_US_PER_TOKEN = 3.45e-6  # DGDS speculate cost per drafted token (bench/results/dgds_hotpath.md)
 
 
+@functools.lru_cache(maxsize=1024)
 def accept_rate_for_length(mean_len: float, draft_len: int) -> float:
     """Per-position acceptance a with (1 - a^(g+1)) / (1 - a) = mean_len (bisection)."""
     if mean_len <= 1.0:
@@ -72,11 +75,12 @@ def plan(step: StepModel, unit: int, context: float, high: Sequence[float], low:
     The cost model is the simulator's own step model: verifying g drafts for B requests computes
     B * (g + 1) positions; drafting costs the DGDS lookup per drafted token.
     """
-    rates = [*high, *low]
-    if not rates:
+    if not high and not low:
         return DraftLengths(0, 0)
-    a = sum(rates) / len(rates)
-    beta = [1.0] + [sum(r ** i for r in rates) / len(rates) for i in range(1, gamma_max + 2)]
+    rates = np.fromiter((*high, *low), dtype=float)
+    a = float(rates.mean())
+    powers = rates[None, :] ** np.arange(gamma_max + 2)[:, None]  # beta[i] = mean a^i (a prefix of i accepted)
+    beta = powers.mean(axis=1).tolist()
 
     def verify(b: int, g: int) -> float:
         return step.step_s(b * (g + 1) * 1.0, context * unit)
