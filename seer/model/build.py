@@ -66,6 +66,7 @@ def ensure_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
         try:
             build_model(p, tmp, progress=progress)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is for everyone who can read it
             if final.exists():  # a leftover without BUILD_INFO: incomplete, replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -137,6 +137,9 @@ def warm_start(model: torch.nn.Module, tokenizer, spec: WarmStartSpec, *, progre
                 losses.append(loss.item())
                 tokens += inputs["input_ids"].numel()
                 bar.update(task, advance=1, loss=losses[-1])
+                if progress and not bar.console.is_terminal and (step + 1) % max(1, steps // 10) == 0:
+                    # a log file sees nothing of a live bar until it stops: print milestones instead
+                    bar.console.print(f"warm start {step + 1}/{steps} steps, loss {losses[-1]:.3f}, {time.monotonic() - t0:.0f} s")
         model.eval()
         tail = losses[-max(1, steps // 10) :]
         return WarmStartReport(

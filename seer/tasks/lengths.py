@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         tok = AutoTokenizer.from_pretrained(path)
         task = load_task(TaskConfig(num_prompts=args.prompts, seed=args.seed))
         picked = random.Random(f"model_prompts:{args.seed}").sample(task.records, min(args.model_prompts, len(task.records)))
+        picked.sort(key=lambda r: r.reference["steps"])  # similar lengths per generate batch: less waiting on one long row
         specs = encode_prompts(picked, tok, max_context_of(path))
         t0 = time.monotonic()
         samples = sample_responses(
