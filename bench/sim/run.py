@@ -67,7 +67,7 @@ def check(result: dict) -> list[str]:
     ladder = [n for n in ("baseline", "divided", "context", "grouped_sd") if n in rows]
     for a, b in zip(ladder, ladder[1:]):
         if rows[b]["ratio"] < rows[a]["ratio"]:
-            out.append(f"{b} ({rows[b]['ratio']:.2f}) below {a} ({rows[a]['ratio']:.2f})")
+            out.append(f"{b} ({rows[b]['ratio']:.3f}) below {a} ({rows[a]['ratio']:.3f})")
     if "grouped_sd" in rows and rows["grouped_sd"]["paper"]:
         got, paper = rows["grouped_sd"]["ratio"], rows["grouped_sd"]["paper"]
         if abs(got - paper) / paper > TOLERANCE:
