@@ -44,6 +44,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 2048
+    # Per-request sampling seeds (derived from this, the request id and the chunk index). None on
+    # CPU: vLLM 0.32's CPU runner crashes ("CPU Generator does not use offset") when a seeded
+    # request's prefill is split across steps, which long chunked contexts under load do.
+    sampling_seed: int | None = None
     reward_workers: int = 2
     reward_error_policy: Literal["zero", "abort"] = "zero"
 

@@ -207,7 +207,7 @@ class SyncLoop:
                 )
                 sampling = SamplingParams(
                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                    max_tokens=cfg.rollout.max_tokens, seed=cfg.seed,
+                    max_tokens=cfg.rollout.max_tokens, seed=cfg.rollout.sampling_seed,
                 )
                 engine = RolloutEngine(pool.clients, cfg.scheduler, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
                 with rewards:
