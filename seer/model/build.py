@@ -81,6 +81,7 @@ def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bo
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from seer.model.offset_heads import init_offset_heads
     from seer.model.tokenizer import build_tokenizer
     from seer.model.warm_start import warm_start
 
@@ -104,6 +105,8 @@ def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bo
     )
     torch.manual_seed(preset.init_seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
+    if preset.warm_start and preset.warm_start.offset_heads:
+        init_offset_heads(model, preset.warm_start.offset_heads)
     tokenizer = build_tokenizer(model_max_length=a.max_position_embeddings)
     report = warm_start(model, tokenizer, preset.warm_start, progress=progress) if preset.warm_start else None
     model.generation_config.bos_token_id = BOS_ID

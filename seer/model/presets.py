@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from seer.tasks.running_sum import RunningSumConfig
 
+# Characters per trace line of the default task ("-8=0365\n"): what the offset heads look back.
+LINE = RunningSumConfig().width + 4
+
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -22,7 +25,7 @@ class ArchSpec:
     intermediate_size: int
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
-    vocab_size: int = 128  # the character vocabulary (~100) padded
+    vocab_size: int = 320  # the byte vocabulary (4 special + 256) padded
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class WarmStartSpec:
     seed: int = 1234
     threads: int = 2  # fixed: float reduction order, hence the weights, depends on it
     task: RunningSumConfig = field(default_factory=lambda: RunningSumConfig(seed=1_000_003))
+    # layer-0 heads that start looking this many tokens back (see seer/model/offset_heads.py)
+    offset_heads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,13 +60,21 @@ PRESETS: dict[str, ModelPreset] = {
     "default": ModelPreset(
         name="default",
         arch=ArchSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768),
-        warm_start=WarmStartSpec(steps=1000, train_prompts=3000, tokens_per_batch=1024, lr=3e-3),
+        warm_start=WarmStartSpec(
+            steps=600,
+            train_prompts=3000,
+            tokens_per_batch=1024,
+            lr=3e-3,
+            offset_heads=(LINE, LINE, LINE - 1, LINE + 1, 1, 2, 3, 4),
+        ),
     ),
     # For tests: builds in seconds, still emits task-shaped traces that end with EOS.
     "tiny": ModelPreset(
         name="tiny",
         arch=ArchSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192),
-        warm_start=WarmStartSpec(steps=600, train_prompts=2000, tokens_per_batch=1024, lr=1e-2),
+        warm_start=WarmStartSpec(
+            steps=500, train_prompts=2000, tokens_per_batch=1024, lr=1e-2, offset_heads=(LINE, 2)
+        ),
     ),
 }
 

@@ -54,7 +54,7 @@ class TaskConfig:
     prompt_field: str = "prompt"
     num_prompts: int = 256  # built-in task only
     seed: int = 0  # built-in task only
-    median_steps: float = 9.0  # built-in task only: median reasoning steps per prompt
+    median_steps: float = 18.0  # built-in task only: median reasoning steps per prompt
     sigma: float = 1.1  # built-in task only: lognormal spread of the step count
 
 

@@ -8,10 +8,16 @@ from seer.model.tokenizer import EOS_ID, build_tokenizer
 from seer.tasks.running_sum import RunningSumConfig, generate_problems, solve
 
 
-@pytest.fixture(scope="module")
-def saved_tokenizer(tmp_path_factory):
+@pytest.fixture(scope="module", params=["tokenizer only", "beside a qwen2 config"])
+def saved_tokenizer(request, tmp_path_factory):
+    """Both ways AutoTokenizer loads it: on its own, and (as vLLM does) from a qwen2 checkpoint,
+    where transformers substitutes its Qwen2Tokenizer class."""
+    from transformers import Qwen2Config
+
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(model_max_length=4096).save_pretrained(path)
+    if request.param == "beside a qwen2 config":
+        Qwen2Config(vocab_size=320).save_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -22,14 +28,22 @@ def test_round_trip_of_prompts_and_traces(saved_tokenizer):
     text = p.text + solve(p.reference, random.Random(0))
     ids = saved_tokenizer(text)["input_ids"]
     assert len(ids) == len(text)  # one token per character, nothing added
+    assert ids == build_tokenizer(4096)(text)["input_ids"]
     assert saved_tokenizer.decode(ids) == text
 
 
-def test_special_tokens_and_unknown_characters(saved_tokenizer):
+def test_any_text_round_trips_one_token_per_byte(saved_tokenizer):
+    text = "a  b\n\tc é ü 日本 \r\n"
+    ids = saved_tokenizer(text)["input_ids"]
+    assert len(ids) == len(text.encode())
+    assert saved_tokenizer.unk_token_id not in ids
+    assert saved_tokenizer.decode(ids) == text
+
+
+def test_special_tokens(saved_tokenizer):
     assert saved_tokenizer.eos_token_id == EOS_ID
     assert saved_tokenizer.pad_token_id is not None and saved_tokenizer.bos_token_id is not None
-    ids = saved_tokenizer("a é")["input_ids"]
-    assert ids[-1] == saved_tokenizer.unk_token_id
+    assert len(saved_tokenizer) <= 320  # fits the model's vocab_size
     assert saved_tokenizer.decode(saved_tokenizer("12\n")["input_ids"] + [EOS_ID], skip_special_tokens=True) == "12\n"
 
 

@@ -124,8 +124,8 @@ def test_process_pool_needs_a_spec_and_works_with_one():
 
     async def go():
         with RewardRunner("seer.tasks.running_sum:score", use_processes=True, max_workers=1) as runner:
-            s = _sample("037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064")
-            s.prompt = PromptSpec(0, "", [1], {"start": 37, "target": 60})
+            s = _sample("-9=0011\n-9=0002\n-2=0000\n")
+            s.prompt = PromptSpec(0, "", [1], {"total": 20})
             return await runner.score(s)
 
     assert asyncio.run(go()).reward == 1.0

@@ -33,8 +33,8 @@ def test_group_responses_share_structure_without_being_identical():
     group = [solve(p.reference, rng) for _ in range(8)]
     assert len(set(group)) == 8
     w = p.reference["width"]
-    target_suffix = f"<{p.reference['target']:0{w}d}\n"
-    assert all(g.startswith(f"{p.reference['start']:0{w}d}+") and target_suffix in g for g in group)
+    assert p.text.endswith(f"start={p.reference['total']:0{w}d}\n")
+    assert all(g.endswith(f"={0:0{w}d}\n") and g.startswith("-") for g in group)
 
 
 def test_icc_separates_grouped_from_random_lengths():
@@ -43,7 +43,7 @@ def test_icc_separates_grouped_from_random_lengths():
 
 
 def _problem():
-    return {"start": 37, "target": 60, "steps": 4, "width": 3}
+    return {"total": 20, "steps": 4, "width": 4}
 
 
 def test_correct_trace_scores_one():
@@ -53,19 +53,20 @@ def test_correct_trace_scores_one():
 
 
 def test_correct_trace_tolerates_surrounding_whitespace():
-    assert score("037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064\n", _problem()) == 1.0
+    assert score("-9=0011\n-9=0002\n-2=0000", _problem()) == 1.0
+    assert score("  -9=0011\n-9=0002\n-2=0000\n\n", _problem()) == 1.0
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "037+9=046<060\n046+9=056<060\n056+9=065>=060\nanswer 065",  # arithmetic slip in step 2
-        "037+9=046<060\n046+9=055>=060\n055+9=064>=060\nanswer 064",  # wrong comparison
-        "037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 063",  # wrong answer
-        "037+9=046<060\n046+9=055<060\n055+9=064>=060",  # no answer (truncated)
-        "037+9=046<060\n046+012=058<060\n058+9=067>=060\nanswer 067",  # not a digit
-        "037+9=046<061\n046+9=055<061\n055+9=064>=061\nanswer 064",  # wrong target
-        "037+9=046<060\n046+9=055<060\n055+9=064>=060\nanswer 064\nanswer 064",  # trailing junk
+        "-9=0011\n-9=0003\n-3=0000",  # arithmetic slip in step 2
+        "-9=0011\n-9=0002",  # stops before zero (truncated)
+        "-9=0011\n-9=0002\n-2=0000\n-1=0000",  # goes on after zero
+        "-9=0011\n-9=0002\n-2=0000\ndone",  # trailing junk
+        "-9=0011\n-12=0000",  # not a digit
+        "-0=0020\n-9=0011\n-9=0002\n-2=0000",  # takes away nothing
+        "-9=0011\n-9=0002\n-3=-001",  # below zero
         "",
     ],
 )
@@ -75,7 +76,6 @@ def test_flawed_trace_scores_below_one(text):
 
 def test_partial_credit_grows_with_correct_progress():
     ref = _problem()
-    early = score("037+9=047<060", ref)
-    late = score("037+9=046<060\n046+9=055<060\n055+9=065>=060\nanswer 065", ref)
-    assert early == 0.0
-    assert 0.0 < late <= 0.5
+    assert score("-9=0012", ref) == 0.0
+    assert score("-9=0011\n-9=0003", ref) == 0.5 * 9 / 20
+    assert score("-9=0011\n-9=0002\n-1=0000", ref) == 0.5 * 18 / 20
