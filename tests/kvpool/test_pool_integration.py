@@ -24,6 +24,36 @@ CHUNK = 2 * BLOCK_TOKENS
 NUM_CHUNKS = 4
 
 
+async def reset_until_done(client, timeout_s: float = 60.0) -> bool:
+    """vLLM refuses to reset while blocks are still in use (a save to the pool may still be
+    running, slowly when the master is gone): retry until it succeeds or the time is up."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await reset_prefix_cache(client):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
+
+
+class SerializedBackend:
+    """A real instance whose chunks run one at a time across all wrapped instances, in dispatch
+    order (asyncio.Lock is FIFO): completions then alternate between the instances whatever the
+    machine's load, which makes the FIFO policy move requests between them deterministically."""
+
+    def __init__(self, inner, lock: asyncio.Lock):
+        self.inner, self.name, self.lock = inner, inner.name, lock
+
+    async def generate(self, req):
+        async with self.lock:
+            return await self.inner.generate(req)
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)
+
+    async def telemetry(self):
+        return await self.inner.telemetry()
+
+
 def task_prompts(tiny_model, n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
@@ -55,7 +85,7 @@ async def alternating(rig, prompt, sizes, tag) -> tuple[list[int], list[Measured
     chunks = []
     for i, size in enumerate(sizes):
         client = rig.instances.clients[i % 2]
-        assert await reset_prefix_cache(client)  # forget local copies: reuse must come from the pool
+        assert await reset_until_done(client)  # forget local copies: reuse must come from the pool
         m = await generate_measured(client, GenerateRequest(f"{tag}-c{i}", prompt + gen, size, GREEDY),
                                     rig.kv_bytes_per_token)
         assert m.result.finish_reason == "length" and len(m.result.token_ids) == size
@@ -107,20 +137,20 @@ def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_mo
     from seer.rollout.types import PromptSpec
     from seer.scheduler import RolloutDriver, SchedulerConfig
 
-    # three requests on two instances, one chunk each at a time: whichever instance frees up next
-    # takes the request at the head of the FIFO, which last ran on the other one, so every
-    # completion order migrates requests (with an even count, strictly alternating completions
-    # would keep each request on its instance).
+    # three requests on two instances, one chunk each at a time.
     prompts = [PromptSpec(i, "", p, {}) for i, p in enumerate(task_prompts(tiny_model, 5)[2:5])]
     max_tokens = 3 * CHUNK
     # one chunk per instance at a time: a finished chunk's instance takes the next request in
     # FIFO order, which ran elsewhere, so requests migrate; distinct prompts and group_size 1
     # so that no other request shares a generated prefix.
     cfg = SchedulerConfig(policy="divided", chunk_size=CHUNK, max_running=1, affinity_gap_tokens=0)
-    driver = RolloutDriver(rig.instances.clients, cfg)
+    # Chunks serialized across the two instances: A:r0, B:r1, A:r2, then B takes r0 (last on A).
+    a, b = rig.instances.clients
     sampling = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
 
     async def go():
+        lock = asyncio.Lock()
+        driver = RolloutDriver([SerializedBackend(a, lock), SerializedBackend(b, lock)], cfg)
         before = [await counters(c) for c in rig.instances.clients]
         result = await driver.run(prompts, group_size=1, sampling=sampling, request_id_prefix="drv-")
         await asyncio.sleep(0.5)
