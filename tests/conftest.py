@@ -31,5 +31,24 @@ def vllm_pool(tiny_model, tmp_path_factory):
         for i, c in enumerate(sets)
     ]
     pool = InstancePool.launch(specs, tmp_path_factory.mktemp("vllm-logs"), ready_timeout_s=600)
+    _warm_up(pool)
     yield pool
     pool.close()
+
+
+def _warm_up(pool) -> None:
+    """One short request per instance: an instance's first request pays seconds of kernel set-up,
+    which would otherwise make whichever test first touches it look serialized."""
+    import asyncio
+
+    from seer.rollout.types import GenerateRequest, SamplingParams
+
+    async def go():
+        try:
+            await asyncio.gather(*(c.generate(GenerateRequest(f"warmup-{c.name}", [1, 2, 3], 8, SamplingParams()))
+                                   for c in pool.clients))
+        finally:
+            for c in pool.clients:
+                await c.close()
+
+    asyncio.run(go())
