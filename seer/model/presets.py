@@ -61,8 +61,8 @@ PRESETS: dict[str, ModelPreset] = {
         name="default",
         arch=ArchSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768),
         warm_start=WarmStartSpec(
-            steps=600,
-            train_prompts=3000,
+            steps=1000,
+            train_prompts=4000,
             tokens_per_batch=1024,
             lr=3e-3,
             offset_heads=(LINE, LINE, LINE - 1, LINE + 1, 1, 2, 3, 4),
