@@ -356,6 +356,13 @@ class GroupStore:
                 "expired_total": self.expired_total,
             }
 
+    def sequence_length(self, group_id: str, request_id: str) -> int:
+        """Tokens the server holds for one request of a live group (0 if none yet)."""
+        with self._lock:
+            g = self._require([group_id], self.clock())[0]
+            idx = g.request_index.get(request_id)
+            return 0 if idx is None else len(g.tree.seqs[idx])
+
     def tree(self, group_id: str) -> SuffixTree:
         """The live tree of a group (tests and tools; do not mutate)."""
         with self._lock:

@@ -10,9 +10,11 @@ also makes speculative decoding lossless, so both modes must return the very sam
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from seer.dgds.group_store import UnknownGroups
 from seer.dgds.vllm_metrics import SpecDecodeCounters, spec_decode_counters
 from seer.rollout.types import GenerateRequest, SamplingParams
 
@@ -28,11 +30,38 @@ def _requests(prompts, prefix: str, samples: range) -> list[GenerateRequest]:
             for p in prompts for k in samples]
 
 
-async def _probe_then_siblings(client, prompts, prefix: str) -> tuple[dict[str, list[int]], SpecDecodeCounters]:
+async def _wait_for_probes_on_server(dgds, out: dict[str, list[int]], solo: bool, timeout_s: float = 60.0) -> None:
+    """Block until the DGDS server holds every probe's whole response.
+
+    The proposer registers groups and ships tokens from a background thread; a sibling wave that
+    starts before its group is registered drafts nothing. Waiting here turns a slow start into a
+    named failure instead of a silent zero-draft measurement.
+    """
+    want = {}
+    for rid, toks in out.items():
+        seq = rid[len("solo-"):] if solo else rid
+        group = f"req:{seq}" if solo else seq.rsplit("-s", 1)[0]
+        want[(group, seq)] = len(toks)
+    deadline = time.monotonic() + timeout_s
+    missing = dict(want)
+    while missing and time.monotonic() < deadline:
+        for (group, seq), n in list(missing.items()):
+            try:
+                if dgds.store.sequence_length(group, seq) >= n:
+                    missing.pop((group, seq))
+            except UnknownGroups:  # not registered yet
+                pass
+        if missing:
+            await asyncio.sleep(0.1)
+    assert not missing, f"DGDS server lacks probe tokens after {timeout_s:.0f}s: {sorted(missing)}; {dgds.store.stats()}"
+
+
+async def _probe_then_siblings(client, dgds, prompts, prefix: str) -> tuple[dict[str, list[int]], SpecDecodeCounters]:
     """Run the probes, then the siblings; counters of the sibling wave only."""
     out = {}
     for r in await asyncio.gather(*(client.generate(q) for q in _requests(prompts, prefix, range(1)))):
         out[r.request_id] = r.token_ids
+    await _wait_for_probes_on_server(dgds, out, solo=prefix.startswith("solo-"))
     before = spec_decode_counters(await client.metrics_text())
     for r in await asyncio.gather(*(client.generate(q) for q in _requests(prompts, prefix, range(1, GROUP_SIZE)))):
         out[r.request_id] = r.token_ids
@@ -48,8 +77,8 @@ def _strip(prefix: str, outputs: dict[str, list[int]]) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def modes(dgds_vllm):
     """Per-request drafting first (so the group run cannot profit from a warmer engine), then group."""
-    solo, solo_c = asyncio.run(_probe_then_siblings(dgds_vllm.client, dgds_vllm.prompts, "solo-t-"))
-    group, group_c = asyncio.run(_probe_then_siblings(dgds_vllm.client, dgds_vllm.prompts, "t-"))
+    solo, solo_c = asyncio.run(_probe_then_siblings(dgds_vllm.client, dgds_vllm.dgds, dgds_vllm.prompts, "solo-t-"))
+    group, group_c = asyncio.run(_probe_then_siblings(dgds_vllm.client, dgds_vllm.dgds, dgds_vllm.prompts, "t-"))
     return {"solo": (_strip("solo-t-", solo), solo_c), "group": (_strip("t-", group), group_c)}
 
 
