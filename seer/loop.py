@@ -215,6 +215,7 @@ class SyncLoop:
                         if trainer is not None:
                             self.check_versions(pool, version)  # strictly on-policy, or no rollout
                         batch = self.rollout(engine, it, weight_version=version)
+                        self.drop_lost_instances(pool, engine, batch)
                         self.save_samples(batch, it)
                         extra = {"reward_error_total": rewards.stats.errors, "weight_version": version}
                         if trainer is not None:
@@ -242,6 +243,18 @@ class SyncLoop:
             plot = plot_iterations(records, self.run_dir / "iterations.png")
             self.console.print(f"metrics: {self.metrics.path}  plot: {plot}")
         return records
+
+    def drop_lost_instances(self, pool: InstancePool, engine: RolloutEngine, batch: RolloutBatch) -> None:
+        """Instances lost mid-rollout (their chunks already finished elsewhere) leave the pool."""
+        lost = [d["instance"] for d in batch.stats.extra.get("instances_dropped", [])]
+        for d in batch.stats.extra.get("instances_dropped", []):
+            self.console.print(f"[yellow]instance {d['instance']} dropped at +{d['t']:.1f} s: {d['reason']}; "
+                               f"its chunks continued on the others[/]")
+        if lost:
+            for name in lost:
+                pool.drop(name)
+            engine.remove(lost)
+            self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
 
     def save_loop_state(self, iteration: int, version: int) -> None:
         """Rollout-only runs: a checkpoint is just the loop position."""

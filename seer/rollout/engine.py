@@ -37,6 +37,11 @@ class RolloutEngine:
         self.sampling = sampling
         self.driver = RolloutDriver(self.backends, scheduler)
 
+    def remove(self, names: Sequence[str]) -> None:
+        """Stop using these instances (dropped from the pool) from the next iteration on."""
+        self.backends = [b for b in self.backends if b.name not in set(names)]
+        self.driver = RolloutDriver(self.backends, self.scheduler)
+
     async def run(
         self,
         prompts: Sequence[PromptSpec],
@@ -92,6 +97,8 @@ def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -
         "acceptance_length": acceptance_length(result.telemetry),
         "policy_summary": result.policy_summary,
         "kv_timeline": kv_timeline,
+        "instances_dropped": [{"instance": n, "reason": why, "t": round(t - result.start_time, 3)}
+                              for n, why, t in result.dropped],
     }
     return iteration_stats(
         iteration, result.policy, result.start_time, result.end_time, finish_times,

@@ -89,6 +89,16 @@ class InstancePool:
     async def telemetry(self) -> list[Telemetry]:
         return list(await asyncio.gather(*(c.telemetry() for c in self.clients)))
 
+    def drop(self, name: str) -> None:
+        """Take a dead or hung instance out of the pool for good; a server we launched is stopped
+        (a hung one killed) so it holds no cores or memory. The last instance cannot be dropped."""
+        if len(self.clients) <= 1:
+            raise RuntimeError(f"cannot drop {name}: it is the last instance")
+        self.clients = [c for c in self.clients if c.name != name]
+        for srv in [s for s in self.servers if s.spec.name == name]:
+            srv.stop()
+            self.servers.remove(srv)
+
     async def aclose_clients(self) -> None:
         for c in self.clients:
             await c.close()

@@ -164,11 +164,12 @@ class RequestBuffer:
             req.status = RequestStatus.READY
         return finished
 
-    def requeue(self, req: Request, now: float) -> None:
+    def requeue(self, req: Request, now: float, count_failure: bool = True) -> None:
         """A chunk failed without output: the request goes back unchanged (its chunk slot freed)."""
         if req.status is not RequestStatus.RUNNING:
             raise ValueError(f"{req.request_id} is {req.status.value}, not running")
         req.instances.pop()
-        req.failures += 1
+        if count_failure:
+            req.failures += 1
         req.status = RequestStatus.READY
         self.num_running -= 1

@@ -22,6 +22,9 @@ class SchedulerConfig:
     starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
     telemetry_interval_s: float = 0.5
     max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails
+    # An instance with chunks in flight that answers nothing (no telemetry, no completed chunk) for
+    # this long is dropped as hung; its chunks continue elsewhere.
+    instance_timeout_s: float = 60.0
 
     @classmethod
     def from_mapping(cls, values: Mapping) -> SchedulerConfig:

@@ -67,6 +67,7 @@ class Dispatcher:
         ]
         self._load_of = {load.name: load for load in self.loads}
         self.events: list[ChunkEvent] = []
+        self.dropped: list[tuple[str, str, float]] = []  # (instance, why, when)
         self.samples: list[Sample] = []
         self.output_tokens = 0
         for req in self.buffer.ready():
@@ -89,6 +90,9 @@ class Dispatcher:
             load.capacity_tokens = t.kv_capacity_tokens
         load.kv_usage = t.kv_usage
         load.preemptions_total = t.preemptions_total
+
+    def load(self, instance: str) -> InstanceLoad:
+        return self._load_of[instance]
 
     def next_decision(self) -> Decision:
         return self.policy.pick(self.loads)
@@ -143,29 +147,11 @@ class Dispatcher:
             )
         finished = self.buffer.end_chunk(req, result.token_ids, result.logprobs, result.finish_reason, now)
         self.output_tokens += len(result.token_ids)
-        self.events.append(
-            ChunkEvent(
-                request_id=req.request_id,
-                chunk_id=ticket.generate.request_id,
-                group_id=req.group_id,
-                sample_index=req.sample_index,
-                chunk_index=ticket.chunk_index,
-                instance=ticket.instance,
-                reason=ticket.reason,
-                max_tokens=ticket.max_tokens,
-                kv_tokens=ticket.kv_tokens,
-                prompt_tokens=len(ticket.generate.prompt_ids),
-                cached_prefix_tokens=result.cached_prefix_tokens,
-                new_tokens=len(result.token_ids),
-                finish_reason=result.finish_reason,
-                migrated=ticket.migrated,
-                dispatch_time=ticket.dispatch_time,
-                complete_time=now,
-                engine_start_time=result.start_time,
-                engine_finish_time=result.finish_time,
-                request_finished=finished,
-            )
-        )
+        self.events.append(self._event(
+            ticket, now, cached_prefix_tokens=result.cached_prefix_tokens, new_tokens=len(result.token_ids),
+            finish_reason=result.finish_reason, engine_start_time=result.start_time,
+            engine_finish_time=result.finish_time, request_finished=finished,
+        ))
         if finished:
             self.policy.on_finished(req)
             sample = self._sample(req)
@@ -176,39 +162,46 @@ class Dispatcher:
         self.policy.on_ready(req)
         return None
 
-    def fail(self, ticket: ChunkTicket, error: BaseException, now: float) -> None:
-        """A chunk raised instead of returning: free its KV and put the request back as it was."""
+    def fail(self, ticket: ChunkTicket, error: BaseException | None, now: float, *, instance_lost: bool = False) -> None:
+        """A chunk raised (or was cancelled) instead of returning: free its KV and put the request
+        back as it was after its last completed chunk, so it continues from the tokens received.
+
+        ``instance_lost``: the instance died or hung, which is not the request's fault, so it does
+        not count towards ``max_chunk_retries``.
+        """
         self._release(ticket)
         req = ticket.request
-        self.buffer.requeue(req, now)
-        self.events.append(
-            ChunkEvent(
-                request_id=req.request_id,
-                chunk_id=ticket.generate.request_id,
-                group_id=req.group_id,
-                sample_index=req.sample_index,
-                chunk_index=ticket.chunk_index,
-                instance=ticket.instance,
-                reason=ticket.reason,
-                max_tokens=ticket.max_tokens,
-                kv_tokens=ticket.kv_tokens,
-                prompt_tokens=len(ticket.generate.prompt_ids),
-                cached_prefix_tokens=0,
-                new_tokens=0,
-                finish_reason="error",
-                migrated=ticket.migrated,
-                dispatch_time=ticket.dispatch_time,
-                complete_time=now,
-                engine_start_time=ticket.dispatch_time,
-                engine_finish_time=now,
-                request_finished=False,
-            )
-        )
+        self.buffer.requeue(req, now, count_failure=not instance_lost)
+        self.events.append(self._event(
+            ticket, now, cached_prefix_tokens=0, new_tokens=0, finish_reason="error",
+            engine_start_time=ticket.dispatch_time, engine_finish_time=now, request_finished=False,
+        ))
         if req.failures > self.max_chunk_retries:
             raise RolloutError(
                 f"{req.request_id} failed {req.failures} times; last on {ticket.instance}: {error!r}"
             ) from error
         self.policy.on_ready(req)
+
+    def mark_down(self, instance: str, reason: str, now: float) -> bool:
+        """Stop placing chunks on `instance` for the rest of this rollout; False if already down."""
+        load = self._load_of[instance]
+        if load.down is not None:
+            return False
+        load.down = reason
+        self.dropped.append((instance, reason, now))
+        if all(l.down is not None for l in self.loads):
+            raise RolloutError("every instance is down: " + "; ".join(f"{n}: {r}" for n, r, _ in self.dropped))
+        return True
+
+    def _event(self, ticket: ChunkTicket, now: float, **outcome) -> ChunkEvent:
+        req = ticket.request
+        return ChunkEvent(
+            request_id=req.request_id, chunk_id=ticket.generate.request_id, group_id=req.group_id,
+            sample_index=req.sample_index, chunk_index=ticket.chunk_index, instance=ticket.instance,
+            reason=ticket.reason, max_tokens=ticket.max_tokens, kv_tokens=ticket.kv_tokens,
+            prompt_tokens=len(ticket.generate.prompt_ids), migrated=ticket.migrated,
+            dispatch_time=ticket.dispatch_time, complete_time=now, **outcome,
+        )
 
     def _count_failure(self, req: Request, what: str) -> None:
         req.failures += 1

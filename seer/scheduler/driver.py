@@ -40,6 +40,7 @@ class RolloutResult:
     start_time: float  # driver clock
     end_time: float
     policy_summary: dict = field(default_factory=dict)
+    dropped: list[tuple[str, str, float]] = field(default_factory=list)  # (instance, why, when): lost mid-run
 
     @property
     def wall_s(self) -> float:
@@ -102,6 +103,7 @@ class RolloutDriver:
         self.config = config or SchedulerConfig()
         self.clock = clock
         self.telemetry_timeout_s = telemetry_timeout_s
+        self._heard: dict[str, float] = {}  # instance -> last telemetry or finished chunk (this run)
 
     async def run(
         self,
@@ -142,6 +144,7 @@ class RolloutDriver:
                 "so %s cannot order work; set scheduler.kv_capacity_tokens", unbounded, policy.name
             )
         start = self.clock()
+        self._heard = {name: start for name in self.backends}  # last sign of life per instance
         pending: dict[asyncio.Task, ChunkTicket] = {}
         callbacks: list[asyncio.Task] = []
         poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
@@ -156,14 +159,22 @@ class RolloutDriver:
                     pending[task] = ticket
                 if not pending:
                     raise RolloutError(f"{len(disp.buffer) - disp.buffer.num_finished} requests left but nothing dispatchable")
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    pending, timeout=self.config.telemetry_interval_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    self._drop_hung(disp, pending)
+                    continue
                 # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
                 for task in sorted(done, key=lambda t: pending[t].request.seq):
                     ticket = pending.pop(task)
                     now = self.clock()
-                    if task.exception() is not None:
-                        disp.fail(ticket, task.exception(), now)
+                    if task.cancelled() or task.exception() is not None:
+                        error = None if task.cancelled() else task.exception()
+                        lost = await self._instance_lost(disp, ticket.instance, error)
+                        disp.fail(ticket, error, self.clock(), instance_lost=lost)
                         continue
+                    self._heard[ticket.instance] = now
                     sample = disp.complete(ticket, task.result(), now)
                     if sample is not None and on_sample_finished is not None:
                         out = on_sample_finished(sample)
@@ -192,7 +203,39 @@ class RolloutDriver:
             start_time=start,
             end_time=end,
             policy_summary=policy.summary(),
+            dropped=list(disp.dropped),
         )
+
+    async def _instance_lost(self, disp: Dispatcher, name: str, error: BaseException | None) -> bool:
+        """After a chunk failed: is its instance gone? A down instance stays down for the rollout;
+        one that still answers its telemetry endpoint is alive and the chunk simply failed."""
+        if disp.load(name).down is not None:
+            return True
+        try:
+            await asyncio.wait_for(self.backends[name].telemetry(), self.telemetry_timeout_s)
+            return False
+        except Exception as probe:
+            why = f"dead: chunk failed with {error!r}; health probe: {probe!r}"
+            if disp.mark_down(name, why, self.clock()):
+                log.warning("instance %s dropped from the rollout (%s); its chunks continue elsewhere", name, why)
+            return True
+
+    def _drop_hung(self, disp: Dispatcher, pending: dict[asyncio.Task, ChunkTicket]) -> None:
+        """Drop instances with chunks in flight that have shown no sign of life for
+        ``instance_timeout_s``; cancelling their chunks sends them back to the buffer."""
+        now = self.clock()
+        for load in disp.loads:
+            if load.down is not None or load.running == 0:
+                continue
+            silent = now - self._heard[load.name]
+            if silent <= self.config.instance_timeout_s:
+                continue
+            why = f"hung: no telemetry and no finished chunk for {silent:.0f} s"
+            disp.mark_down(load.name, why, now)
+            log.warning("instance %s dropped from the rollout (%s); its chunks continue elsewhere", load.name, why)
+            for task, ticket in pending.items():
+                if ticket.instance == load.name:
+                    task.cancel()
 
     async def _poll_telemetry(self, disp: Dispatcher, timeline: list[Telemetry]) -> None:
         """One telemetry sample of every instance; an instance that does not answer keeps its last."""
@@ -204,6 +247,8 @@ class RolloutDriver:
             if isinstance(t, Telemetry):
                 disp.observe(t)
                 timeline.append(t)
+                if t.instance in self._heard:
+                    self._heard[t.instance] = self.clock()
 
     async def _telemetry_loop(self, disp: Dispatcher, timeline: list[Telemetry]) -> None:
         while True:

@@ -42,6 +42,7 @@ class InstanceLoad:
     running: int = 0  # our chunks in flight there
     kv_usage: float = 0.0  # last telemetry (0..1)
     preemptions_total: int = 0  # last telemetry
+    down: str | None = None  # why the instance was dropped (dead or hung); None while it serves
 
 
 def kv_reservation(context_len: int, max_tokens: int, cfg: PlacementConfig) -> int:
@@ -62,6 +63,8 @@ def admits(load: InstanceLoad, need: int, cfg: PlacementConfig) -> bool:
     An idle instance takes anything, so a request larger than a whole budget still runs
     (alone) instead of blocking the iteration forever.
     """
+    if load.down is not None:
+        return False
     if load.running == 0:
         return True
     if cfg.max_running is not None and load.running >= cfg.max_running:

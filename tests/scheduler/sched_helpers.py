@@ -54,11 +54,14 @@ class FakeInstance:
     """An InstanceBackend that 'generates' deterministic tokens up to a hidden per-request length.
 
     It keeps a local prefix cache (request ids it has run), so cached_prefix_tokens shows whether
-    a chunk stayed or moved. `fail_once` makes the first chunk with that id raise.
+    a chunk stayed or moved. `fail_once` makes the first chunk with that id raise. After
+    `fault_after` chunks started, the instance dies (`fault="dead"`: every call raises, chunks in
+    flight included) or hangs (`fault="hung"`: every call blocks forever).
     """
 
     def __init__(self, name: str, lengths: dict[str, int], prompt_lens: dict[str, int],
-                 capacity: int = 10_000, step_s: float = 0.0, fail_once: set[str] = frozenset()):
+                 capacity: int = 10_000, step_s: float = 0.0, fail_once: set[str] = frozenset(),
+                 fault: str | None = None, fault_after: int = 0):
         self.name = name
         self.lengths = lengths  # request id -> length at which it emits EOS
         self.prompt_lens = prompt_lens
@@ -71,9 +74,19 @@ class FakeInstance:
         self.running = 0
         self.max_running = 0
         self.aborted: list[str] = []
+        self.fault = fault
+        self.fault_after = fault_after
+
+    async def _check_fault(self) -> None:
+        if self.fault is None or len(self.requests) <= self.fault_after:
+            return
+        if self.fault == "dead":
+            raise ConnectionError(f"{self.name}: connection refused")
+        await asyncio.Event().wait()  # hung: never answers
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         self.requests.append(req)
+        await self._check_fault()
         if req.request_id in self.fail_once:
             self.fail_once.discard(req.request_id)
             raise ConnectionError(f"{self.name} dropped {req.request_id}")
@@ -86,6 +99,7 @@ class FakeInstance:
         self.active_tokens += len(req.prompt_ids) + n
         try:
             await asyncio.sleep(self.step_s * n)
+            await self._check_fault()  # died or hung while this chunk was running
         finally:
             self.running -= 1
             self.active_tokens -= len(req.prompt_ids) + n
@@ -107,6 +121,7 @@ class FakeInstance:
         self.aborted.append(request_id)
 
     async def telemetry(self) -> Telemetry:
+        await self._check_fault()
         return Telemetry(self.name, 0.0, self.active_tokens / self.capacity, self.capacity,
                          self.running, 0, 0)
 

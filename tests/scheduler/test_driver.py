@@ -150,3 +150,46 @@ def test_cancelling_a_rollout_aborts_its_chunks_on_the_instances():
     aborted = {r for f in fakes for r in f.aborted}
     started = {g.request_id for f in fakes for g in f.requests}
     assert aborted and aborted <= started
+
+
+def _run_with_fault(policy: str, fault: str, n_inst: int = 3, timeout_s: float = 0.3):
+    """Instance i1 dies or hangs after its second chunk; the rollout must finish on the others."""
+    ps = prompts(3, prompt_len=4)
+    fakes = fake_cluster(n_inst, ps, LENGTHS, step_s=0.0005)
+    fakes[1].fault, fakes[1].fault_after = fault, 2
+    cfg = SchedulerConfig(policy=policy, chunk_size=CHUNK, kv_capacity_tokens=400, block_size=1,
+                          telemetry_interval_s=0.01, instance_timeout_s=timeout_s, max_chunk_retries=0)
+    driver = RolloutDriver(fakes, cfg, telemetry_timeout_s=0.05)
+    result = asyncio.run(driver.run(ps, group_size=4, sampling=SamplingParams(max_tokens=MAX)))
+    return result, fakes
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("policy", ["group_rr", "divided", "context"])
+@pytest.mark.parametrize("fault", ["dead", "hung"])
+def test_a_lost_instance_is_dropped_and_its_requests_finish_elsewhere(policy, fault):
+    result, fakes = _run_with_fault(policy, fault)
+    # complete and identical to an uninterrupted run: chunks resume from the tokens received
+    assert [(s.group_id, s.sample_index) for s in result.samples] == sorted(LENGTHS)
+    for s in result.samples:
+        n = min(LENGTHS[(s.group_id, s.sample_index)], MAX)
+        assert s.response_ids == [token_at(s.request_id, i) for i in range(n)]
+        assert len(s.logprobs) == n
+    assert [(name, why.split(":")[0]) for name, why, _ in result.dropped] == [("i1", fault)]
+    dropped_at = result.dropped[0][2]
+    late = [c for c in result.chunks if c.dispatch_time > dropped_at]
+    assert late and all(c.instance != "i1" for c in late)
+    lost = [c for c in result.chunks if c.finish_reason == "error"]
+    assert lost and all(c.instance == "i1" for c in lost)  # max_chunk_retries=0: the loss was not counted
+
+
+@pytest.mark.timeout(30)
+def test_losing_every_instance_fails_the_rollout_naming_them():
+    ps = prompts(3, prompt_len=4)
+    fakes = fake_cluster(2, ps, LENGTHS, step_s=0.0005)
+    for f in fakes:
+        f.fault, f.fault_after = "dead", 1
+    cfg = SchedulerConfig(policy="divided", chunk_size=CHUNK, kv_capacity_tokens=400, telemetry_interval_s=0.01)
+    with pytest.raises(RolloutError, match="every instance is down: i0: dead.*i1: dead"):
+        asyncio.run(RolloutDriver(fakes, cfg, telemetry_timeout_s=0.05).run(
+            ps, group_size=4, sampling=SamplingParams(max_tokens=MAX)))

@@ -32,7 +32,7 @@ class GroupRoundRobin(Policy):
     def on_dispatched(self, decision: Dispatch) -> None:
         req = decision.request
         self._ready.discard(req)
-        if req.group_id not in self._instance_of_group:
+        if self._instance_of_group.get(req.group_id) != decision.instance:
             self._instance_of_group[req.group_id] = decision.instance
             self._groups_assigned += 1
 
@@ -40,11 +40,13 @@ class GroupRoundRobin(Policy):
         req = self._ready.peek()
         if req is None:
             return Wait("idle")
-        if not loads:
+        live = [load for load in loads if load.down is None]
+        if not live:
             return Wait("kv_full")
         instance = self._instance_of_group.get(req.group_id)
-        if instance is None:  # a new group takes the next instance in turn
-            instance = loads[self._groups_assigned % len(loads)].name
+        if instance is None or instance not in {load.name for load in live}:
+            # a new group, or one whose instance was dropped, takes the next live instance in turn
+            instance = live[self._groups_assigned % len(live)].name
         max_tokens = chunk_max_tokens(None, req.max_tokens, req.generated)
         need = kv_reservation(req.context_len, max_tokens, self.placement)
         return Dispatch(req, instance, max_tokens, need, "round_robin")
