@@ -90,13 +90,14 @@ class InstancePool:
         return list(await asyncio.gather(*(c.telemetry() for c in self.clients)))
 
     def drop(self, name: str) -> None:
-        """Take a dead or hung instance out of the pool for good; a server we launched is stopped
-        (a hung one killed) so it holds no cores or memory. The last instance cannot be dropped."""
+        """Take a dead or hung instance out of the pool for good. A server we launched is killed
+        (a stopped one would never act on SIGTERM) so it holds no cores or memory. The last
+        instance cannot be dropped."""
         if len(self.clients) <= 1:
             raise RuntimeError(f"cannot drop {name}: it is the last instance")
         self.clients = [c for c in self.clients if c.name != name]
         for srv in [s for s in self.servers if s.spec.name == name]:
-            srv.stop()
+            srv.kill()
             self.servers.remove(srv)
 
     async def aclose_clients(self) -> None:
