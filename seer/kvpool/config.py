@@ -9,8 +9,7 @@ capacity and eviction knobs that `mooncake_master` actually has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 MiB = 2**20
@@ -73,12 +72,3 @@ class KVPoolConfig:
     @property
     def launches_master(self) -> bool:
         return self.master_address is None
-
-    @classmethod
-    def from_mapping(cls, values: Mapping) -> KVPoolConfig:
-        """From the config's `kvpool:` section; unknown keys are an error, not a silent no-op."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown kvpool settings {unknown}; known: {sorted(known)}")
-        return cls(**values)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from seer.scheduler.placement import PlacementConfig
 from seer.scheduler.policies import LengthKey, Policy, make_policy
@@ -25,15 +25,6 @@ class SchedulerConfig:
     # An instance with chunks in flight that answers nothing (no telemetry, no completed chunk) for
     # this long is dropped as hung; its chunks continue elsewhere.
     instance_timeout_s: float = 60.0
-
-    @classmethod
-    def from_mapping(cls, values: Mapping) -> SchedulerConfig:
-        """From the config's `scheduler:` section; unknown keys are an error, not a silent no-op."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown scheduler settings {unknown}; known: {sorted(known)}")
-        return cls(**values)
 
     @property
     def placement(self) -> PlacementConfig:

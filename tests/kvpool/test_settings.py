@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from seer.config import ConfigError, build
 from seer.kvpool import (
     KVPoolConfig,
     PoolCounters,
@@ -30,10 +31,12 @@ def test_config_rejects_what_cannot_work():
         KVPoolConfig(eviction_high_watermark=1.5)
     with pytest.raises(ValueError, match="minimum segment"):
         KVPoolConfig(capacity_bytes=8 * 2**20)
-    with pytest.raises(ValueError, match="unknown kvpool settings"):
-        KVPoolConfig.from_mapping({"capacity": 1})
-    joined = KVPoolConfig.from_mapping(
-        {"master_address": "10.0.0.1:50051", "metadata_server": "http://10.0.0.1:8080/metadata", "capacity_bytes": 0}
+    with pytest.raises(ConfigError, match="kvpool.capacity"):
+        build(KVPoolConfig, {"capacity": 1}, "kvpool")
+    joined = build(
+        KVPoolConfig,
+        {"master_address": "10.0.0.1:50051", "metadata_server": "http://10.0.0.1:8080/metadata", "capacity_bytes": 0},
+        "kvpool",
     )
     assert not joined.launches_master
 
