@@ -219,3 +219,29 @@ def test_client_accepts_numpy_tokens(server):
         assert c.sync(5)
         [d] = c.batch_speculate([SpeculateRow("r", "g", np.array([1, 4, 5]), DraftParams(max_spec_tokens=3))])
         assert d.tokens == (6, 4, 5) and all(type(t) is int for t in d.tokens)
+
+
+def test_client_keeps_drafting_through_a_server_restart_and_resyncs():
+    """The draft server dies mid-rollout and comes back on its port: the instance never sees an
+    error, keeps drafting from its local replica meanwhile, and the new server gets every token."""
+    srv = DgdsServer("127.0.0.1", 0).start()
+    c = DraftClient(srv.address, update_batch_tokens=2, fetch_interval_s=0.02, rpc_timeout_s=0.3)
+    new = None
+    try:
+        c.register_group("g", 30)
+        c.append("g", "r0", [1, 2, 3, 4])
+        assert c.sync(5)
+        srv.stop(0)
+        c.append("g", "r0", [5, 6])  # the server is gone: nothing raises
+        assert not c.sync(0.5)
+        row = SpeculateRow("r1", "g", [2, 3], DraftParams(max_spec_tokens=3, pattern_lookup_max=2))
+        assert c.batch_speculate([row])[0].tokens == (4, 5, 6)  # local replica: drafts go on
+        new = DgdsServer("127.0.0.1", srv.port).start()
+        deadline = time.monotonic() + 15
+        while not c.sync(1) and time.monotonic() < deadline:
+            pass
+        assert new.store.tree("g").seqs[0] == [1, 2, 3, 4, 5, 6]  # re-registered and resent
+    finally:
+        c.close()
+        if new is not None:
+            new.stop(0)
