@@ -126,16 +126,17 @@ def plot_iterations(records: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     its = [r["iteration"] for r in records]
+    means = [r.get("reward_mean") or 0 for r in records]
+    # The band is the standard error of the mean, not the per-sample spread: the question a
+    # reward curve answers is whether the mean moved.
+    sems = [(r.get("reward_std") or 0) / max(1, r.get("num_samples") or 1) ** 0.5 for r in records]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    a.plot(its, [r.get("reward_mean") or 0 for r in records], marker="o")
-    a.fill_between(
-        its,
-        [(r.get("reward_mean") or 0) - (r.get("reward_std") or 0) for r in records],
-        [(r.get("reward_mean") or 0) + (r.get("reward_std") or 0) for r in records],
-        alpha=0.2,
-    )
+    a.plot(its, means, marker="o")
+    a.fill_between(its, [m - e for m, e in zip(means, sems)], [m + e for m, e in zip(means, sems)], alpha=0.2)
+    a.xaxis.get_major_locator().set_params(integer=True)
+    b.xaxis.get_major_locator().set_params(integer=True)
     a.set_xlabel("iteration")
-    a.set_ylabel("mean reward (± std)")
+    a.set_ylabel("mean reward (± standard error)")
     a.set_title("Reward")
     b.bar(its, [r.get("tokens_per_s") or 0 for r in records])
     b.set_xlabel("iteration")
