@@ -132,8 +132,11 @@ class SyncLoop:
             shutil.rmtree(old, ignore_errors=True)
 
     # ---- weights --------------------------------------------------------------------------------
-    def sync_weights(self, pool: InstancePool, trainer, version: int) -> float:
-        """Export the trainer's weights and load them into every instance; returns seconds."""
+    def sync_weights(self, pool: InstancePool, trainer, version: int, engine: RolloutEngine | None = None) -> float:
+        """Export the trainer's weights and load them into every instance; returns seconds.
+
+        An instance that died since the rollout (the push to it fails and it no longer answers
+        /health) is dropped and the others are loaded; any other failure stops the run."""
         t0 = time.monotonic()
         out = self.run_dir / "weights" / f"v{version:05d}"
         trainer.export_hf(out)
@@ -145,11 +148,37 @@ class SyncLoop:
             finally:
                 await pool.aclose_clients()
 
-        asyncio.run(push())
+        try:
+            asyncio.run(push())
+        except Exception:
+            if not self.drop_dead_instances(pool, engine, "during the weight update"):
+                raise
+            asyncio.run(push())
         for old in (self.run_dir / "weights").glob("v*"):
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)
         return time.monotonic() - t0
+
+    def drop_dead_instances(self, pool: InstancePool, engine: RolloutEngine | None, when: str) -> list[str]:
+        """Drop the instances that no longer answer /health (between rollouts: during training or a
+        weight update); the run goes on with the others. Returns the names dropped."""
+        async def probe():
+            try:
+                return await asyncio.gather(*(c.healthy() for c in pool.clients))
+            finally:
+                await pool.aclose_clients()
+
+        dead = [c.name for c, ok in zip(list(pool.clients), asyncio.run(probe())) if not ok]
+        if dead and len(dead) == len(pool.clients):
+            raise RuntimeError(f"every instance is down ({when}): {', '.join(dead)}")
+        for name in dead:
+            self.console.print(f"[yellow]instance {name} is not answering {when}: dropped[/]")
+            pool.drop(name)
+        if dead:
+            if engine is not None:
+                engine.remove(dead)
+            self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
+        return dead
 
     def check_versions(self, pool: InstancePool, version: int) -> None:
         async def check():
@@ -212,6 +241,7 @@ class SyncLoop:
                 engine = RolloutEngine(pool.clients, cfg.scheduler, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
                 with rewards:
                     for it in range(start_it, iterations):
+                        self.drop_dead_instances(pool, engine, "before the rollout")
                         if trainer is not None:
                             self.check_versions(pool, version)  # strictly on-policy, or no rollout
                         batch = self.rollout(engine, it, weight_version=version)
@@ -227,7 +257,7 @@ class SyncLoop:
                                          logprob_mismatch_mean=tm.logprob_mismatch_mean,
                                          logprob_mismatch_max=tm.logprob_mismatch_max)
                             with self.console.status(f"loading weight version {version} into the instances"):
-                                extra["weight_sync_s"] = self.sync_weights(pool, trainer, version)
+                                extra["weight_sync_s"] = self.sync_weights(pool, trainer, version, engine)
                             if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
                                 self.save_checkpoint(trainer, it, version)
                         elif (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
