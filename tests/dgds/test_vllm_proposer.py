@@ -121,3 +121,28 @@ def test_decoding_goes_on_when_the_draft_server_is_gone(dgds_vllm):
     res = asyncio.run(run())
     assert all(r.finish_reason in ("stop", "length") and r.token_ids for r in res)
     assert "proposer step failed" not in dgds_vllm.log_path.read_text(errors="replace")
+
+
+def test_draft_server_restart_mid_rollout_is_harmless(modes, dgds_vllm):
+    """Runs last in this module: the draft server dies, vLLM keeps decoding (no drafts for groups
+    it never registered, no error), then a new server on the same port brings drafts back."""
+    from seer.dgds.server import DgdsServer
+
+    client = dgds_vllm.client
+    dgds_vllm.dgds.stop(0)
+
+    async def wave(prefix: str):
+        outs = await asyncio.gather(*(client.generate(q) for q in _requests(dgds_vllm.prompts, prefix, range(GROUP_SIZE))))
+        await client.close()
+        return {r.request_id[len(prefix):]: r.token_ids for r in outs}
+
+    down = asyncio.run(wave("down-t-"))
+    assert down == modes["group"][0]  # greedy: the same tokens as with drafts, decoding never stalled
+    new = DgdsServer("127.0.0.1", dgds_vllm.dgds.port).start()
+    try:
+        back, c = asyncio.run(_probe_then_siblings(client, new, dgds_vllm.prompts, "back-t-"))
+        assert _strip("back-t-", back) == modes["group"][0]
+        assert c.drafts > 0 and c.accepted_tokens > 0, f"drafts did not resume: {c}"
+    finally:
+        new.stop(0)
+    assert "proposer step failed" not in dgds_vllm.log_path.read_text(errors="replace")
