@@ -90,11 +90,6 @@ def _worker(address: str, ids: list[int], seconds: float, groups: int, ttl: floa
     q.put(out)
 
 
-def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1000 if xs else float("nan")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=64)
@@ -108,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--clients and --processes must be >= 1 and --seconds > 0")
 
     from tqdm import tqdm
+
+    from seer.metrics_log import percentile
 
     server = subprocess.Popen(
         [sys.executable, "-m", "seer.dgds.cli", "serve", "--port", "0", "--workers", "16", "--reap-interval", "0.5",
@@ -144,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     errors = sum(r["errors"] for r in results)
     summary = {
         "clients": args.clients, "seconds": args.seconds, "ttl_s": args.ttl,
-        "update_calls": len(upd), "update_p50_ms": round(_pct(upd, 50), 2), "update_p99_ms": round(_pct(upd, 99), 2),
-        "fetch_calls": len(fet), "fetch_p50_ms": round(_pct(fet, 50), 2), "fetch_p99_ms": round(_pct(fet, 99), 2),
+        "update_calls": len(upd), "update_p50_ms": round(1e3 * percentile(upd, 50), 2), "update_p99_ms": round(1e3 * percentile(upd, 99), 2),
+        "fetch_calls": len(fet), "fetch_p50_ms": round(1e3 * percentile(fet, 50), 2), "fetch_p99_ms": round(1e3 * percentile(fet, 99), 2),
         "errors": errors, "rss_mib_first": rss[1][1] if len(rss) > 1 else None,
         "rss_mib_mid": rss[len(rss) // 2][1] if rss else None, "rss_mib_max": max(m for _, m in rss) if rss else None,
         "rss_mib_last": rss[-1][1] if rss else None, "cpus": os.cpu_count(),

@@ -173,12 +173,18 @@ class SyncLoop:
             raise RuntimeError(f"every instance is down ({when}): {', '.join(dead)}")
         for name in dead:
             self.console.print(f"[yellow]instance {name} is not answering {when}: dropped[/]")
-            pool.drop(name)
-        if dead:
-            if engine is not None:
-                engine.remove(dead)
-            self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
+        self._remove_instances(pool, engine, dead)
         return dead
+
+    def _remove_instances(self, pool: InstancePool, engine: RolloutEngine | None, names: list[str]) -> None:
+        """Take lost instances out of the pool and the rollout engine; the run goes on with the rest."""
+        if not names:
+            return
+        for name in names:
+            pool.drop(name)
+        if engine is not None:
+            engine.remove(names)
+        self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
 
     def check_versions(self, pool: InstancePool, version: int) -> None:
         async def check():
@@ -276,15 +282,11 @@ class SyncLoop:
 
     def drop_lost_instances(self, pool: InstancePool, engine: RolloutEngine, batch: RolloutBatch) -> None:
         """Instances lost mid-rollout (their chunks already finished elsewhere) leave the pool."""
-        lost = [d["instance"] for d in batch.stats.extra.get("instances_dropped", [])]
-        for d in batch.stats.extra.get("instances_dropped", []):
+        dropped = batch.stats.extra.get("instances_dropped", [])
+        for d in dropped:
             self.console.print(f"[yellow]instance {d['instance']} dropped at +{d['t']:.1f} s: {d['reason']}; "
                                f"its chunks continued on the others[/]")
-        if lost:
-            for name in lost:
-                pool.drop(name)
-            engine.remove(lost)
-            self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
+        self._remove_instances(pool, engine, [d["instance"] for d in dropped])
 
     def save_loop_state(self, iteration: int, version: int) -> None:
         """Rollout-only runs: a checkpoint is just the loop position."""

@@ -215,10 +215,12 @@ class RolloutDriver:
             await asyncio.wait_for(self.backends[name].telemetry(), self.telemetry_timeout_s)
             return False
         except Exception as probe:
-            why = f"dead: chunk failed with {error!r}; health probe: {probe!r}"
-            if disp.mark_down(name, why, self.clock()):
-                log.warning("instance %s dropped from the rollout (%s); its chunks continue elsewhere", name, why)
+            self._mark_down(disp, name, f"dead: chunk failed with {error!r}; health probe: {probe!r}")
             return True
+
+    def _mark_down(self, disp: Dispatcher, name: str, why: str) -> None:
+        if disp.mark_down(name, why, self.clock()):
+            log.warning("instance %s dropped from the rollout (%s); its chunks continue elsewhere", name, why)
 
     def _drop_hung(self, disp: Dispatcher, pending: dict[asyncio.Task, ChunkTicket]) -> None:
         """Drop instances with chunks in flight that have shown no sign of life for
@@ -230,9 +232,7 @@ class RolloutDriver:
             silent = now - self._heard[load.name]
             if silent <= self.config.instance_timeout_s:
                 continue
-            why = f"hung: no telemetry and no finished chunk for {silent:.0f} s"
-            disp.mark_down(load.name, why, now)
-            log.warning("instance %s dropped from the rollout (%s); its chunks continue elsewhere", load.name, why)
+            self._mark_down(disp, load.name, f"hung: no telemetry and no finished chunk for {silent:.0f} s")
             for task, ticket in pending.items():
                 if ticket.instance == load.name:
                     task.cancel()
