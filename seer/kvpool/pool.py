@@ -9,20 +9,32 @@ Usage in the run loop:
 
 The pool must be up before the instances: each instance's connector registers with the master
 at start-up and vLLM refuses to start if that fails. Once running, losing the master only
-costs re-prefill (the connector treats a failed lookup as a miss), never wrong tokens.
+costs re-prefill (the connector treats a failed lookup as a miss), never wrong tokens. A
+master launched here that died is started again on its own address by `restart_master` (the
+run loop calls `ensure_master` before each rollout and weight update); the store and the
+instances reconnect to it by themselves, with no instance restart, and the pool starts empty.
 """
 
 from __future__ import annotations
 
 import atexit
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
 from seer.kvpool.accounting import MasterStats
 from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.connector import InstancePoolSettings, instance_settings
-from seer.kvpool.processes import GuardedProcess, PoolEndpoints, start_master, start_store
+from seer.kvpool.processes import (
+    GuardedProcess,
+    PoolEndpoints,
+    PoolStartError,
+    restart_master,
+    segment_mounted,
+    start_master,
+    start_store,
+)
 from seer.rollout.instance import InstanceSpec
 
 
@@ -98,6 +110,40 @@ class KVPool:
         """Stop the master only (fault injection: instances must fall back to re-prefill)."""
         if self.master is not None:
             self.master.stop()
+
+    def master_alive(self) -> bool | None:
+        """Whether the master launched here is running (None: joined, not ours to watch)."""
+        return None if self.master is None else self.master.alive()
+
+    def restart_master(self, timeout_s: float | None = None) -> float:
+        """Start the master launched here again on the same address; seconds until usable.
+
+        Usable = its ports listen and, when the store was launched here, the store has
+        re-mounted its segment (its heartbeat does that by itself, within seconds), so puts
+        succeed again. The new master starts empty: every stored prefix is recomputed once.
+        """
+        if self.master is None or self.endpoints is None:
+            raise RuntimeError("restart_master: the master was not launched by this pool")
+        timeout = self.config.ready_timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        self.master = restart_master(self.master, self.endpoints, timeout)
+        if self.store is not None:
+            while not segment_mounted(self.endpoints, self.config.capacity_bytes):
+                if not self.store.alive():
+                    raise PoolStartError(f"mooncake store exited after the master restart:\n{self.store.log_tail()}")
+                if time.monotonic() - t0 > timeout:
+                    raise PoolStartError(
+                        f"the store did not re-mount its segment within {timeout:.0f}s of the master restart:\n"
+                        f"{self.store.log_tail()}"
+                    )
+                time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def ensure_master(self) -> float | None:
+        """Restart the master launched here if it has exited; seconds taken, or None if it was up."""
+        if self._closed or self.master is None or self.master.alive():
+            return None
+        return self.restart_master()
 
     def close(self) -> None:
         """Stop the store, then the master (the store's unmount needs the master)."""

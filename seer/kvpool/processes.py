@@ -92,14 +92,54 @@ def start_master(cfg: KVPoolConfig, log_dir: Path) -> tuple[GuardedProcess, Pool
     ]
     proc = GuardedProcess("mooncake_master", cmd, log_dir / "mooncake_master.log")
     proc.start()
-    deadline = time.monotonic() + cfg.ready_timeout_s
-    while not (_port_open(host, rpc) and _port_open(host, http) and _port_open(host, metrics)):
+    endpoints = PoolEndpoints(f"{host}:{rpc}", f"http://{host}:{http}/metadata", f"http://{host}:{metrics}/metrics")
+    _wait_master_ready(proc, endpoints, cfg.ready_timeout_s)
+    return proc, endpoints
+
+
+def restart_master(old: GuardedProcess, endpoints: PoolEndpoints, timeout_s: float) -> GuardedProcess:
+    """mooncake_master again with `old`'s command line: the same address and ports, empty state.
+
+    A restarted master knows no segment and no object. Mooncake's clients recover by
+    themselves (found in the mooncake wheel this project pins, checked by
+    tests/kvpool/test_pool_integration.py): the standalone store's heartbeat sees the new
+    master, re-mounts its segment and re-publishes its transfer-engine metadata, and each
+    vLLM instance's store client re-connects on its next call (its first call after the
+    restart may still fail: one more miss).
+    """
+    old.stop()
+    proc = GuardedProcess(old.name, old.command, old.log_path, env=old.env)
+    proc.start()
+    _wait_master_ready(proc, endpoints, timeout_s)
+    return proc
+
+
+def _wait_master_ready(proc: GuardedProcess, endpoints: PoolEndpoints, timeout_s: float) -> None:
+    """Until the master's RPC, HTTP metadata and metrics ports listen (or it exits: PoolStartError)."""
+    addrs = [endpoints.master_address, endpoints.metadata_server, endpoints.metrics_url or ""]
+    ports = [_host_port(a) for a in addrs if a]
+    deadline = time.monotonic() + timeout_s
+    while not all(_port_open(h, p) for h, p in ports):
         check_alive(proc)
         if time.monotonic() > deadline:
             proc.stop()
-            raise PoolStartError(f"mooncake_master not ready after {cfg.ready_timeout_s:.0f}s:\n{proc.log_tail()}")
+            raise PoolStartError(f"mooncake_master not ready after {timeout_s:.0f}s:\n{proc.log_tail()}")
         time.sleep(0.2)
-    return proc, PoolEndpoints(f"{host}:{rpc}", f"http://{host}:{http}/metadata", f"http://{host}:{metrics}/metrics")
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """("127.0.0.1", 5000) from "127.0.0.1:5000" or "http://127.0.0.1:5000/metadata"."""
+    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    host, port = hostport.rsplit(":", 1)
+    return host, int(port)
+
+
+def segment_mounted(endpoints: PoolEndpoints, capacity_bytes: int) -> bool:
+    """Whether the master counts at least `capacity_bytes` of mounted store memory."""
+    if endpoints.metrics_url is None:
+        return False
+    mounted = _metric(endpoints.metrics_url, "master_total_capacity_bytes")
+    return mounted is not None and mounted >= capacity_bytes
 
 
 def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> GuardedProcess:
@@ -127,8 +167,7 @@ def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> G
     while True:
         check_alive(proc)
         if endpoints.metrics_url is not None:
-            mounted = _metric(endpoints.metrics_url, "master_total_capacity_bytes")
-            ready = mounted is not None and mounted >= cfg.capacity_bytes
+            ready = segment_mounted(endpoints, cfg.capacity_bytes)
         else:
             ready = _port_open(host, port)
         if ready:

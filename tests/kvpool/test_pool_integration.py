@@ -1,5 +1,5 @@
 """Two real vLLM instances sharing a real Mooncake pool (tests run in file order: the last
-one stops the master).
+one stops the master and starts it again).
 
 Chunk lengths are chosen so that every migrated chunk's context is 128k + 1 tokens: the
 connector stores whole 128-token blocks only and vLLM always recomputes the last prompt
@@ -10,6 +10,7 @@ destination's local prefix cache is dropped, so any reused prefix must have come
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -79,13 +80,16 @@ async def uninterrupted(client, prompt, total, rid) -> list[int]:
     return r.token_ids
 
 
-async def alternating(rig, prompt, sizes, tag) -> tuple[list[int], list[MeasuredChunk]]:
-    """Chunk i runs on instance i % 2, its prompt = original prompt + everything so far."""
+async def alternating(rig, prompt, sizes, tag, before_chunk=None) -> tuple[list[int], list[MeasuredChunk]]:
+    """Chunk i runs on instance i % 2, its prompt = original prompt + everything so far.
+    `before_chunk(i)`, when given, runs before chunk i (fault injection)."""
     gen: list[int] = []
     chunks = []
     for i, size in enumerate(sizes):
         client = rig.instances.clients[i % 2]
         assert await reset_until_done(client)  # forget local copies: reuse must come from the pool
+        if before_chunk is not None:
+            before_chunk(i)
         m = await generate_measured(client, GenerateRequest(f"{tag}-c{i}", prompt + gen, size, GREEDY),
                                     rig.kv_bytes_per_token)
         assert m.result.finish_reason == "length" and len(m.result.token_ids) == size
@@ -212,12 +216,35 @@ def test_a_full_pool_degrades_to_recompute(rig):
     assert again.usage.tokens_recomputed > 1, again.usage  # part of the old prefix was evicted
 
 
-def test_with_the_master_stopped_chunks_still_equal_one_generation(rig, traces):
+def test_master_down_then_back_on_its_address_chunks_re_prefill_then_load_from_the_pool_again(rig, traces):
+    """Master stopped after chunk 0, restarted on the same address after chunk 1, no instance
+    restarted. Chunk 1 (migrated while the master is down) recomputes its whole prefix; the new
+    master starts empty, so chunk 2 recomputes and stores again, and chunk 3 (migrated) loads
+    all its prefix but the last token from the pool. Tokens equal one uninterrupted generation."""
     prompt, sizes, ref = traces[0]
-    rig.kv.stop_master()
-    sizes = sizes[:3]  # each pool call now waits for an RPC timeout; three chunks show it
-    gen, chunks = asyncio.run(alternating(rig, prompt, sizes, "nomaster"))
-    assert gen == ref[: sum(sizes)]
-    for m in chunks:
-        assert m.usage.tokens_from_pool == 0 and m.usage.tokens_recomputed == m.result.prompt_tokens
-    assert all(c.alive() for c in rig.instances.servers)
+    times: dict[str, float] = {}
+
+    def fault(i: int) -> None:
+        if i == 1:
+            rig.kv.stop_master()
+            assert rig.kv.master_alive() is False
+        elif i == 2:
+            times["restart_to_usable_s"] = rig.kv.restart_master(timeout_s=30)
+            times["restarted_at"] = time.time()  # the clock of GenerateResult.finish_time
+
+    gen, chunks = asyncio.run(alternating(rig, prompt, sizes, "masterbounce", before_chunk=fault))
+    assert gen == ref
+    down, after_restart, migrated_after = chunks[1], chunks[2], chunks[3]
+    assert down.usage.tokens_from_pool == 0 and down.usage.tokens_recomputed == down.result.prompt_tokens
+    assert after_restart.usage.tokens_from_pool == 0  # the new master starts empty
+    u = migrated_after.usage
+    assert u.tokens_from_pool == u.prompt_tokens - 1 and u.tokens_local_hit == 0, u  # the pool is used again
+    assert not u.bytes_estimated and u.bytes_loaded == u.tokens_from_pool * rig.kv_bytes_per_token
+    assert rig.kv.master_alive() and all(c.alive() for c in rig.instances.servers)
+    stats = rig.kv.master_stats()
+    assert stats.keys > 0 and stats.capacity_bytes >= rig.kv.config.capacity_bytes  # the store's segment is mounted again
+    hit_s = migrated_after.result.finish_time - times["restarted_at"]
+    print(f"\nmaster restart: usable (store segment re-mounted) after {times['restart_to_usable_s']:.2f} s; "
+          f"first migrated chunk loaded {u.tokens_from_pool}/{u.prompt_tokens} prefix tokens from the pool, "
+          f"finished {hit_s:.2f} s after that (2 chunks of {CHUNK} tokens); chunk 1 with the master down took "
+          f"{down.wall_s:.2f} s")
