@@ -146,8 +146,13 @@ def apply_override(data: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
-def build(cls, data: Any, prefix: str):
-    """Instantiate dataclass `cls` from a mapping, converting each value to its declared type."""
+def build(cls, data: Any, prefix: str, base: Any = None):
+    """Instantiate dataclass `cls` from a mapping, converting each value to its declared type.
+
+    Keys not given keep `base`'s values (when given), so a partial section such as
+    `--set task.reward=…` keeps the defaults the enclosing config chose for that section
+    (RunConfig's 16-prompt task), not the section class's own.
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -160,11 +165,21 @@ def build(cls, data: Any, prefix: str):
             raise ConfigError(f"unknown config key {where!r}; known keys here: {', '.join(sorted(known))}")
     kwargs = {}
     for name, value in data.items():
-        kwargs[name] = _convert(hints[name], value, f"{prefix}.{name}" if prefix else name)
+        where = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = build(hints[name], value, where, _field_default(known[name]) if base is None else getattr(base, name))
+        else:
+            kwargs[name] = _convert(hints[name], value, where)
     try:
-        return cls(**kwargs)
+        return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config section {prefix or '<root>'!r}: {e}") from e
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 def _convert(tp, value: Any, key: str):
