@@ -36,6 +36,7 @@ class SyncLoop:
         self.console = console or Console()
         self.run_dir = Path(cfg.run_dir)
         self.metrics = MetricsLog(self.run_dir)
+        self.kv: KVPool | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -138,6 +139,7 @@ class SyncLoop:
         An instance that died since the rollout (the push to it fails and it no longer answers
         /health) is dropped and the others are loaded; any other failure stops the run."""
         t0 = time.monotonic()
+        self.revive_kv_master("before the weight update")
         out = self.run_dir / "weights" / f"v{version:05d}"
         trainer.export_hf(out)
 
@@ -158,6 +160,19 @@ class SyncLoop:
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)
         return time.monotonic() - t0
+
+    def revive_kv_master(self, when: str) -> float | None:
+        """A Mooncake master launched here that exited is started again on its own address; the
+        store and the instances reconnect to it by themselves. Returns the seconds it took, or None."""
+        if self.kv is None:
+            return None
+        took = self.kv.ensure_master()
+        if took is not None:
+            self.console.print(
+                f"[yellow]the Mooncake master had exited ({when}): restarted on {self.kv.endpoints.master_address} "
+                f"in {took:.1f} s; the pool starts empty and the instances reconnect[/]"
+            )
+        return took
 
     def drop_dead_instances(self, pool: InstancePool, engine: RolloutEngine | None, when: str) -> list[str]:
         """Drop the instances that no longer answer /health (between rollouts: during training or a
@@ -231,6 +246,7 @@ class SyncLoop:
         dgds_cfg = replace(cfg.dgds, enabled=cfg.dgds.enabled and not cfg.instances.urls)
         with KVPool.start(kv_cfg, self.run_dir / "kvpool") as kv, DGDSService.start(dgds_cfg, self.run_dir / "dgds") as dgds:
             self.kv_pool_on = kv.enabled
+            self.kv = kv
             pool = self.start_pool(kv, dgds)
             try:
                 if trainer is not None and version > 0:
@@ -248,6 +264,7 @@ class SyncLoop:
                 with rewards:
                     for it in range(start_it, iterations):
                         self.drop_dead_instances(pool, engine, "before the rollout")
+                        self.revive_kv_master("before the rollout")
                         if trainer is not None:
                             self.check_versions(pool, version)  # strictly on-policy, or no rollout
                         batch = self.rollout(engine, it, weight_version=version)

@@ -1,0 +1,93 @@
+"""`seer-run --sync` with the Mooncake KV pool loses its master (SIGKILL) while it trains on
+iteration 0: the weight update finds the master gone, starts it again on its own address and
+clears the (now empty) pool through it; iteration 1's instances, never restarted, store to and
+load from the restarted master, and every iteration is complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from seer.kvpool.accounting import MasterStats
+from seer.rollout.process import _children
+from seer.rollout.telemetry import parse_prometheus
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+def _master_guard(pid: int) -> tuple[int, int] | None:
+    """(guard pid, metrics port) of the job's mooncake_master, or None."""
+    for child in _children(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "seer.rollout.guard" in cmd and "mooncake_master" in cmd:
+            return child, int(re.search(r"--metrics_port=(\d+)", cmd).group(1))
+    return None
+
+
+def _master_metrics(port: int) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {name: value for name, labels, value in parse_prometheus(text) if not labels}
+
+
+def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
+            "rollout.group_size": 4, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
+            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4}
+    cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "2", "--run-dir", str(run_dir)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    log = tmp_path / "run.log"
+    after_restart: list[dict[str, float]] = []
+    with open(log, "w") as out:
+        job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            marker = run_dir / "rollouts" / "iter_0000.jsonl"  # iteration 0 rolled out: training starts
+            deadline = time.monotonic() + 600
+            while not (marker.exists() and marker.read_text().strip()):
+                assert job.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            guard, metrics_port = _master_guard(job.pid)
+            for master in _children(guard):  # mooncake_master leads its own process group
+                os.killpg(master, signal.SIGKILL)
+            while job.poll() is None:  # the restarted master answers on the same metrics port
+                m = _master_metrics(metrics_port)
+                if m:
+                    after_restart.append(m)
+                time.sleep(0.2)
+            assert job.returncode == 0, log.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                job.kill()
+    text = log.read_text()
+    assert "the Mooncake master had exited (before the weight update): restarted" in text, text[-3000:]
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert all(r["num_samples"] == 16 for r in recs)  # no sample lost
+    assert [r["weight_version"] for r in recs] == [0, 1]
+    assert len(recs[-1]["instances"]) == 2  # no instance was dropped or restarted
+    assert after_restart, "the restarted master never answered"
+    last = after_restart[-1]
+    stats = MasterStats.from_metrics("\n".join(f"{k} {v}" for k, v in last.items()))
+    assert stats.capacity_bytes == 16 * 2**20  # the store re-mounted its segment
+    # iteration 1's instances stored KV in, and loaded KV from, the restarted master
+    assert last.get("master_batch_put_start_items_total", 0) > 0, last
+    assert last.get("master_batch_get_replica_list_items_total", 0) > 0, last
+    assert recs[-1]["migrated_prefix_tokens_cached"] > 0
