@@ -84,15 +84,17 @@ def test_killed_and_hung_instances_lose_no_sample(three_instances, tiny_model):
         def on_progress(p):  # inject once output is flowing, so chunks are in flight on both victims
             if not state["done"] and p.output_tokens >= 200:
                 state["done"] = True
+                state["at"] = time.monotonic()  # the driver's clock: RolloutResult.dropped times
                 for pid in _children(hung.proc.pid):
                     os.killpg(pid, signal.SIGSTOP)
                 dead.kill()
 
         t0 = time.monotonic()
         result = await _rollout(pool.clients, prompts, on_progress)
-        return result, state["done"], time.monotonic() - t0
+        return result, state, time.monotonic() - t0
 
-    result, injected, wall = asyncio.run(faulty())
+    result, state, wall = asyncio.run(faulty())
+    injected = state["done"]
     assert injected, "the rollout finished before the faults were injected"
 
     assert _shape(result.samples) == _shape(reference.samples)  # nothing lost, nothing extra
@@ -110,5 +112,7 @@ def test_killed_and_hung_instances_lose_no_sample(three_instances, tiny_model):
     for name in why:
         pool.drop(name)
     assert pool.names == ["f0"] and not dead.alive() and not hung.alive()
+    when = {name: t - state["at"] for name, _, t in result.dropped}
     print(f"\nkill + hang: rollout {wall:.1f} s (fault-free {reference.wall_s:.1f} s, hang timeout 5 s); "
-          f"{len(moved)} chunks re-run elsewhere")
+          f"{len(moved)} chunks re-run elsewhere; killed instance dropped {when['f2']:.2f} s after the kill, "
+          f"hung one {when['f1']:.2f} s after the stop")
