@@ -40,6 +40,7 @@ from seer.dgds.draft_length import DraftLengths
 from seer.dgds.proposer_settings import ProposerSettings, settings_from
 from seer.dgds.request_ids import RequestRef, parse_request_id
 from seer.dgds.types import DraftParams, SpeculateRow
+from seer.dgds.vllm_cpu_fixes import apply_cpu_sampling_fixes
 
 log = logging.getLogger("seer.dgds.vllm_proposer")
 _DEBUG = open(os.environ["SEER_DGDS_DEBUG_LOG"], "a") if os.environ.get("SEER_DGDS_DEBUG_LOG") else None
@@ -74,6 +75,9 @@ class DgdsProposer:
     """vLLM ``custom_class`` proposer: group drafts from DGDS with Algorithm 1 draft lengths."""
 
     def __init__(self, vllm_config: Any, settings: ProposerSettings | None = None):
+        # vLLM 0.32's CPU rejection sampler samples drafted positions from a garbage temperature;
+        # this runs in the worker, after vLLM registered its CPU kernels (seer.dgds.vllm_cpu_fixes)
+        apply_cpu_sampling_fixes()
         spec = vllm_config.speculative_config
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.settings = settings or settings_from(

@@ -4,7 +4,8 @@ The proposer finds its runner on its own (``seer.dgds.vllm_proposer._calling_run
 classes exist for deployments that would rather not rely on that, or whose vLLM build calls the
 proposer from somewhere else. Use ``--worker-cls seer.dgds.vllm_worker.DgdsCPUWorker`` (CPU
 backend) or ``seer.dgds.vllm_worker.DgdsGPUWorker`` (CUDA backend). Each is resolved lazily, so
-importing this module never imports the other backend's worker.
+importing this module never imports the other backend's worker. Both apply
+``seer.dgds.vllm_cpu_fixes`` (vLLM 0.32's CPU rejection sampler bug), whatever the proposer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def _bind(worker: Any) -> None:
 
 def _worker_class(base: type) -> type:
     class _DgdsWorker(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            from seer.dgds.vllm_cpu_fixes import apply_cpu_sampling_fixes
+
+            apply_cpu_sampling_fixes()  # also for other speculative methods (ngram, suffix, ...)
+            super().__init__(*args, **kwargs)
+
         def load_model(self, *args: Any, **kwargs: Any) -> Any:
             result = super().load_model(*args, **kwargs)
             _bind(self)

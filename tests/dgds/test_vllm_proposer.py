@@ -109,6 +109,67 @@ def test_speculation_is_lossless_under_greedy_decoding(modes):
         assert all(group[f"{p}-s{k}"] == group[f"{p}-s0"] for k in range(GROUP_SIZE))
 
 
+async def _sample_with_top_logprobs(client, prompts, samples: int, max_tokens: int) -> list[dict]:
+    """Temperature-1.0 completions with the top-20 target logprobs of every position, by token id."""
+    import aiohttp
+
+    model = await client.served_model()
+    async with aiohttp.ClientSession() as http:
+        async def one(p, k):
+            body = {"model": model, "prompt": list(p.prompt_ids), "max_tokens": max_tokens, "temperature": 1.0,
+                    "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False,
+                    "logprobs": 20, "return_tokens_as_token_ids": True}
+            async with http.post(f"{client.base_url}/v1/completions", json=body,
+                                 headers={"X-Request-Id": f"temp1-g{p.index}-s{k}"}) as r:
+                assert r.status == 200, await r.text()
+                return (await r.json())["choices"][0]
+        return await asyncio.gather(*(one(p, k) for p in prompts for k in range(samples)))
+
+
+def test_speculation_is_lossless_when_sampling(dgds_vllm):
+    """At temperature 1.0 with drafts verified, every sampled token must follow the target
+    distribution. vLLM reports that distribution's top 20 with each token, so the rank of the
+    sampled token is a calibration check: P(rank r) must match the mean reported p_r within
+    sampling noise, and never-trained padding ids (beyond the tokenizer) must not appear. Before
+    seer.dgds.vllm_cpu_fixes, vLLM 0.32's CPU backend sampled drafted positions from a garbage
+    temperature: rank 1 came out 16% of the time against 56% expected, padding ids 4.7%."""
+    import math
+
+    from transformers import AutoTokenizer
+
+    n_real = len(AutoTokenizer.from_pretrained(dgds_vllm.pool.servers[0].spec.model))
+    client = dgds_vllm.client
+    before = spec_decode_counters(asyncio.run(client.metrics_text()))
+    choices = asyncio.run(_sample_with_top_logprobs(client, dgds_vllm.prompts, samples=8, max_tokens=128))
+    after = spec_decode_counters(asyncio.run(client.metrics_text()))
+    asyncio.run(client.close())
+    c = after - before
+    tokens = sum(len(ch["token_ids"]) for ch in choices)
+    assert c.draft_tokens > tokens // 4, f"too few drafted positions to test anything: {c}"
+
+    buckets = [(1, 1), (2, 2), (3, 5), (6, 20)]  # ranks; the rest is "beyond the top 20"
+    observed = [0] * 5
+    mean = [0.0] * 5
+    var = [0.0] * 5
+    padding = 0
+    for ch in choices:
+        for tok, top in zip(ch["token_ids"], ch["logprobs"]["top_logprobs"]):
+            padding += tok >= n_real
+            ranked = sorted(((lp, int(k.split(":")[1])) for k, lp in top.items()), reverse=True)[:20]
+            ids = [t for _, t in ranked]
+            rank = ids.index(tok) + 1 if tok in ids else 21
+            probs = [math.exp(lp) for lp, _ in ranked]
+            ps = [sum(probs[lo - 1:hi]) for lo, hi in buckets] + [max(0.0, 1.0 - sum(probs))]
+            for b, p in enumerate(ps):
+                mean[b] += p
+                var[b] += p * (1 - p)
+                observed[b] += (buckets[b][0] <= rank <= buckets[b][1]) if b < 4 else rank == 21
+    report = ", ".join(f"{o / tokens:.3f} vs {m / tokens:.3f}" for o, m in zip(observed, mean))
+    for o, m, v in zip(observed, mean, var):
+        assert abs(o - m) <= 5 * math.sqrt(v) + 2, f"rank buckets observed vs expected: {report} ({c})"
+    assert padding <= max(3, 0.005 * tokens), f"{padding} padding ids in {tokens} tokens"
+
+
 def test_decoding_goes_on_when_the_draft_server_is_gone(dgds_vllm):
     dgds_vllm.dgds.stop(0)
 
