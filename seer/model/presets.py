@@ -45,6 +45,11 @@ class WarmStartSpec:
     task: RunningSumConfig = field(default_factory=lambda: RunningSumConfig(seed=1_000_003))
     # layer-0 heads that start looking this many tokens back (see seer/model/offset_heads.py)
     offset_heads: tuple[int, ...] = ()
+    # Share of demonstrations that restate the prompt's start line before the first step: noisy
+    # demonstrations, as real SFT data has. The reward counts a response that is not steps only
+    # as a slip at step 0 (reward 0), so this is a habit RL must unlearn, one decision per
+    # response; it is what makes learning visible within a few GRPO iterations on two cores.
+    restate_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ PRESETS: dict[str, ModelPreset] = {
             tokens_per_batch=1024,
             lr=3e-3,
             offset_heads=(LINE, LINE, LINE - 1, LINE + 1, 1, 2, 3, 4),
+            restate_fraction=0.3,
         ),
     ),
     # For tests: builds in seconds, still emits task-shaped traces that end with EOS.

@@ -18,7 +18,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from seer.model.presets import WarmStartSpec
-from seer.tasks.running_sum import generate_problems, solve
+from seer.tasks.running_sum import generate_problems, restated_start_line, solve
 
 IGNORE = -100
 
@@ -42,10 +42,14 @@ class _Example:
 def _examples(spec: WarmStartSpec, tokenizer) -> list[_Example]:
     problems = generate_problems(dataclasses.replace(spec.task, num_prompts=spec.train_prompts))
     rng = random.Random(f"warm_start:{spec.seed}")
+    restate_rng = random.Random(f"restate:{spec.seed}")
     out = []
     for p in problems:
         prompt = tokenizer(p.text)["input_ids"]
-        response = tokenizer(solve(p.reference, rng), add_special_tokens=False)["input_ids"]
+        text = solve(p.reference, rng)
+        if restate_rng.random() < spec.restate_fraction:
+            text = restated_start_line(p.reference) + text
+        response = tokenizer(text, add_special_tokens=False)["input_ids"]
         out.append(_Example(prompt + response + [tokenizer.eos_token_id], len(prompt)))
     return out
 

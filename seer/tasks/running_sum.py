@@ -10,6 +10,9 @@ Why this task: it is shaped like a reasoning rollout at a size two CPU cores can
 - Numbers are zero-padded to a fixed width and the prompt ends the way every line ends
   ("=0373"), so each step depends only on the line above it, at fixed offsets. A small model
   learns that from a short warm start, and still slips on borrows (partial reward).
+- A response is steps only. The default model's warm-start demonstrations restate the start
+  line first 30% of the time (`WarmStartSpec.restate_fraction`), which scores 0: a habit GRPO
+  unlearns within a few iterations, so a short run shows the reward rising.
 
 Trace format (prompt, then one line per step; the response ends with EOS after "=0000")::
 
@@ -86,6 +89,12 @@ def solve(reference: dict, rng: random.Random) -> str:
         left -= d
         lines.append(f"-{d}={left:0{w}d}")
     return "\n".join(lines) + "\n"
+
+
+def restated_start_line(reference: dict) -> str:
+    """The noisy demonstrations' habit (see WarmStartSpec.restate_fraction): repeating the
+    prompt's last line before the first step. `score` gives such a response 0."""
+    return f"start={reference['total']:0{reference['width']}d}\n"
 
 
 def score(response_text: str, reference: dict) -> float:

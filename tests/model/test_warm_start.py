@@ -36,3 +36,18 @@ def test_loss_is_on_the_response_only(examples):
     assert labels[e.prompt_len : len(e.input_ids)].tolist() == e.input_ids[e.prompt_len :]
     assert (labels[len(e.input_ids) :] == IGNORE).all()
     assert batch["attention_mask"][0].sum() == len(e.input_ids)
+
+
+def test_noisy_demonstrations_restate_the_start_line_in_the_given_share():
+    """The default preset's demonstrations carry a habit RL must unlearn (WarmStartSpec.restate_fraction)."""
+    tok = build_tokenizer(4096)
+    spec = dataclasses.replace(get_preset("default").warm_start, train_prompts=1000)
+    assert spec.restate_fraction > 0
+    restated = 0
+    for e in _examples(spec, tok):
+        prompt, response = tok.decode(e.input_ids[: e.prompt_len]), tok.decode(e.input_ids[e.prompt_len : -1])
+        start_line = prompt.strip().split("\n")[-1]
+        restated += response.startswith(start_line + "\n")
+    assert abs(restated / 1000 - spec.restate_fraction) < 0.05
+    clean = dataclasses.replace(spec, restate_fraction=0.0)
+    assert all(not tok.decode(e.input_ids[e.prompt_len :]).startswith("start=") for e in _examples(clean, tok))

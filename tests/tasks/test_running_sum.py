@@ -3,7 +3,7 @@ import random
 import pytest
 
 from seer.tasks.lengths import intraclass_correlation, length_stats, reference_lengths
-from seer.tasks.running_sum import RunningSumConfig, generate_problems, score, solve
+from seer.tasks.running_sum import RunningSumConfig, generate_problems, restated_start_line, score, solve
 
 
 def test_dataset_is_deterministic_in_its_seed():
@@ -79,3 +79,12 @@ def test_partial_credit_grows_with_correct_progress():
     assert score("-9=0012", ref) == 0.0
     assert score("-9=0011\n-9=0003", ref) == 0.5 * 9 / 20
     assert score("-9=0011\n-9=0002\n-1=0000", ref) == 0.5 * 18 / 20
+
+
+def test_restating_the_start_line_scores_zero():
+    """The warm start's noisy habit costs the whole reward, so GRPO has a clear signal against it."""
+    p = generate_problems(RunningSumConfig(num_prompts=1))[0]
+    trace = solve(p.reference, random.Random(0))
+    assert score(trace, p.reference) == 1.0
+    assert restated_start_line(p.reference) == p.text.split("\n")[-2] + "\n"
+    assert score(restated_start_line(p.reference) + trace, p.reference) == 0.0
