@@ -77,7 +77,9 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
             if job.poll() is None:
                 job.kill()
     text = log.read_text()
-    assert "the Mooncake master had exited (before the weight update): restarted" in text, text[-3000:]
+    restarted = [line for line in text.splitlines() if "the Mooncake master had exited" in line]
+    assert restarted and "(before the weight update): restarted" in restarted[0], text[-3000:]
+    print("\n" + restarted[0].strip())
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [0, 1]
     assert all(r["num_samples"] == 16 for r in recs)  # no sample lost
