@@ -7,10 +7,13 @@ What it reproduces of vLLM (V1 scheduler) is what decides rollout throughput:
     recently admitted request is preempted: its KV is freed, it goes back to the front of the
     queue, and on readmission its whole context is prefilled again (recompute);
   * every step takes the step model's time for its batch and context; speculation turns a step
-    into g + 1 positions per request that yield an acceptance-length's worth of tokens.
+    into g + 1 positions per request that yield an acceptance-length's worth of tokens, and the
+    drafting (the DGDS lookup, on the step's critical path) is added to the step.
 Progress is fluid between events (all running requests advance at their rate per step), so an
-instance costs O(batch) per event, not per token. Token quantities are in simulator units
-(`unit` real tokens each); times are real seconds.
+instance costs O(batch) per event, not per token. Between events the step time grows linearly
+with the steps taken (every request's context grows by its rate per step), and time and steps
+are converted exactly under that growth, not at the context the interval started with. Token
+quantities are in simulator units (`unit` real tokens each); times are real seconds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 from seer.scheduler.dispatcher import ChunkTicket
 
-from bench.sim.speculation import plan
+from bench.sim.speculation import DRAFT_US_PER_TOKEN, plan
 from bench.sim.step_model import StepModel
 
 EPS = 1e-9
@@ -69,7 +72,7 @@ class SimInstance:
     speculate: bool = False
     gamma_max: int = 8
     block: float = 1.0  # growth headroom per running request at admission (units)
-    max_epoch_steps: float = 32.0  # re-evaluate step time at least this often as contexts grow
+    max_epoch_steps: float = 32.0  # when speculating, re-plan draft lengths at least this often
     now: float = 0.0
     stall_until: float = 0.0  # prefill in progress: nobody decodes
     running: list[SimSeq] = field(default_factory=list)
@@ -79,7 +82,8 @@ class SimInstance:
     spec_tokens: float = 0.0  # tokens emitted by speculative steps, and the steps' request-count
     spec_rows: float = 0.0
     timeline: list[InstanceSample] = field(default_factory=list)
-    _step_s: float = 0.0
+    _step_s: float = 0.0  # seconds per (simulated) step now
+    _growth: float = 0.0  # how much _step_s grows per step, as the batch's contexts grow
     _used: float = 0.0  # KV held by the running requests, kept incrementally (hot path)
     _dirty: bool = False  # submitted work not yet admitted
 
@@ -104,21 +108,37 @@ class SimInstance:
         ctx = sum(s.context for s in active)
         if not active:
             self._step_s = math.inf
+            self._growth = 0.0
             return
         if not self.speculate:
             for s in active:
                 s.rate = 1.0
             self._step_s = self.unit * self.step.step_s(len(active), ctx * self.unit)
-            return
-        high = [s.accept for s in active if s.probe]
-        low = [s.accept for s in active if not s.probe]
-        g = plan(self.step, self.unit, ctx, high, low, self.gamma_max)
-        positions = 0
-        for s in active:
-            d = g.high if s.probe else g.low
-            s.rate = (1 - s.accept ** (d + 1)) / (1 - s.accept) if s.accept < 1 else d + 1.0
-            positions += d + 1
-        self._step_s = self.unit * self.step.step_s(positions, ctx * self.unit)
+        else:
+            high = [s.accept for s in active if s.probe]
+            low = [s.accept for s in active if not s.probe]
+            g = plan(self.step, self.unit, ctx, high, low, self.gamma_max)
+            positions = drafted = 0
+            for s in active:
+                d = g.high if s.probe else g.low
+                s.rate = (1 - s.accept ** (d + 1)) / (1 - s.accept) if s.accept < 1 else d + 1.0
+                positions += d + 1
+                drafted += d
+            # Algorithm 1 weighed the drafting time; the step pays it too (the lookup precedes the forward).
+            self._step_s = self.unit * (self.step.step_s(positions, ctx * self.unit) + drafted * DRAFT_US_PER_TOKEN)
+        # Every step adds `rate` units of context per request, so the step time grows by this much per step.
+        self._growth = self.unit * self.step.per_context_s * self.unit * sum(s.rate for s in active)
+
+    def _time_for(self, steps: float) -> float:
+        """Seconds for `steps` steps from now: the step time grows linearly as contexts grow."""
+        return steps * self._step_s + 0.5 * self._growth * steps * steps
+
+    def _steps_in(self, seconds: float) -> float:
+        """Inverse of _time_for: the steps taken in `seconds`."""
+        if self._growth <= 0.0:
+            return seconds / self._step_s
+        a, g = self._step_s, self._growth
+        return 2.0 * seconds / (a + math.sqrt(a * a + 2.0 * g * seconds))  # stable form of (-a + sqrt(a^2 + 2gs)) / g
 
     def _sample(self) -> None:
         self.timeline.append(InstanceSample(self.now, min(1.0, self.used / self.capacity), len(self.running),
@@ -140,13 +160,13 @@ class SimInstance:
         active = self._active()
         if not active:
             return t
-        step = self._step_s
         steps = min((s.goal - s.made) / s.rate for s in active)
         if len(self.running) > 1:  # a lone request runs even if it outgrows the cache (vLLM would too)
             room = self.capacity - self._used
             steps = min(steps, max(room, 0.0) / sum(s.rate for s in active))
-        steps = min(steps, self.max_epoch_steps)
-        return min(t, self.now + max(steps, 0.0) * step)
+        if self.speculate:  # the step time is exact between events; Algorithm 1's plan is not
+            steps = min(steps, self.max_epoch_steps)
+        return min(t, self.now + self._time_for(max(steps, 0.0)))
 
     def advance(self, to: float) -> None:
         """Generate up to time `to` (never past next_event, which the caller guarantees)."""
@@ -154,7 +174,7 @@ class SimInstance:
             return
         start = max(self.now, self.stall_until)
         if start < to and self._step_s < math.inf:
-            steps = (to - start) / self._step_s
+            steps = self._steps_in(to - start)
             grown = 0.0
             for s in self.running:
                 if s.ready_at <= start + EPS:
@@ -166,6 +186,7 @@ class SimInstance:
                         self.spec_tokens += n
                         self.spec_rows += n / s.rate
             self._used += grown
+            self._step_s += self._growth * steps  # the contexts it is priced on have grown
         self.now = to
 
     def on_event(self, now: float) -> list[SimSeq]:

@@ -9,7 +9,7 @@ import pytest
 from bench.configs import BY_NAME, LADDER, select
 from bench.sim.instance import SimInstance, SimSeq
 from bench.sim.simulate import SimSettings, simulate
-from bench.sim.speculation import AcceptanceTable, accept_rate_for_length
+from bench.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_rate_for_length
 from bench.sim.step_model import StepModel, fit
 from bench.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
 from seer.dgds.draft_length import tokens_per_step
@@ -125,6 +125,37 @@ def test_decode_time_follows_the_step_model():
     # 100 steps at batch 1; context grows 10 -> 110 (re-priced every 32 steps), plus no prefill.
     lo, hi = 100 * STEP.step_s(1, 10), 100 * STEP.step_s(1, 110)
     assert lo <= done["g0-s0"] <= hi
+
+
+def test_decode_time_integrates_the_growing_context():
+    """Attention-heavy steps: the step time doubles and more as the context grows during the chunk.
+
+    Pricing each interval at the context it started with (the earlier model) came out ~20% short.
+    """
+    step = StepModel(fixed_s=1e-3, per_token_s=0.0, per_context_s=1e-4, prefill_per_token_s=0.0)
+    inst = SimInstance("a", capacity=10_000, max_num_seqs=8, step=step, unit=1)
+    done = run_instance(inst, [_seq(0, 10, 100)])
+    exact = sum(step.step_s(1, 10 + i) for i in range(100))  # 0.695 s
+    assert done["g0-s0"] == pytest.approx(exact, rel=0.01)
+
+
+def test_speculative_step_pays_its_drafting_time():
+    step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=0.0, prefill_per_token_s=0.0)
+    inst = SimInstance("a", capacity=10_000, max_num_seqs=8, step=step, unit=1, speculate=True)
+    seqs = [_seq(i, 10, 1000) for i in range(4)]
+    for s in seqs:
+        s.accept = 0.6
+        inst.submit(s, 0.0)
+    inst.settle()
+    drafted = sum(_draft_len(s) for s in seqs)
+    assert drafted > 0
+    positions = sum(_draft_len(s) + 1 for s in seqs)
+    assert inst._step_s == pytest.approx(step.step_s(positions, 40) + drafted * DRAFT_US_PER_TOKEN, rel=1e-9)
+
+
+def _draft_len(seq: SimSeq) -> int:
+    """The draft length behind a speculating request's rate (1 - a^(g+1)) / (1 - a)."""
+    return next(g for g in range(9) if tokens_per_step(seq.accept, g) == pytest.approx(seq.rate))
 
 
 def test_acceptance_rate_inverts_the_expected_tokens_per_step():
