@@ -223,7 +223,8 @@ class SimInstance:
                 break  # FCFS: the head blocks the queue
             self.waiting.popleft()
             if head.prefill > 0:
-                self.stall_until = max(self.stall_until, self.now) + self.unit * self.step.prefill_s(head.prefill * self.unit)
+                # prefill is in units: unit x prefill real tokens, timed once (not once per unit, as for steps)
+                self.stall_until = max(self.stall_until, self.now) + self.step.prefill_s(head.prefill * self.unit)
                 head.prefill = 0.0
             head.ready_at = max(self.now, self.stall_until) + head.load_s
             head.load_s = 0.0

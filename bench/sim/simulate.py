@@ -45,12 +45,19 @@ class SimRun:
     config: str
     stats: IterationStats
     mean_acceptance_length: float | None
-    sim_seconds: float  # how long the simulation itself took
+    sim_seconds: float  # how long the simulation itself took (wall)
+    sim_cpu_seconds: float  # and its CPU time (the machine is shared: wall time varies with the load)
     first_dispatch: list[str]  # request ids in the order of their first chunk's dispatch
 
 
 def _units(tokens: float, unit: int) -> int:
     return max(1, int(round(tokens / unit)))
+
+
+def pool_load_s(step: StepModel, context_units: float, unit: int, pool_vs_prefill: float) -> float:
+    """Loading a migrated prefix from the KV pool: `pool_vs_prefill` of recomputing it on the
+    chunk's instance (`step` is that instance's model, spread over its devices)."""
+    return pool_vs_prefill * step.prefill_s(context_units * unit)
 
 
 def _references(disp: Dispatcher, ticket: ChunkTicket) -> int:
@@ -67,7 +74,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     other policy): `oracle_lengths`, by default the true ones. The instances use `hidden` to know
     when a response ends, as a real model would.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     u = workload.token_unit
     hidden_u = {k: min(_units(v, u), _units(workload.max_tokens, u)) for k, v in hidden.items()}
     cap = _units(workload.kv_capacity_tokens, u)
@@ -108,7 +115,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
             goal = max(0, min(ticket.max_tokens, remaining))
             context = len(ticket.generate.prompt_ids)
             prefill = context if ticket.chunk_index == 0 else 0.0
-            load = (u * settings.step.prefill_s(context * u) * settings.pool_vs_prefill) if ticket.migrated else 0.0
+            load = pool_load_s(step, context, u, settings.pool_vs_prefill) if ticket.migrated else 0.0
             seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, load, float(prefill),
                          probe=req.sample_index == 0)
             if config.speculate:
@@ -145,7 +152,27 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     mal = sum(i.spec_tokens for i in insts.values()) / spec_rows if spec_rows else None
     stats.extra["token_unit"] = u
     stats.extra["mean_acceptance_length"] = mal
-    return SimRun(config.name, stats, mal, time.perf_counter() - t0, first_dispatch)
+    stats.extra["longest_queued_s"] = longest_queued_s(disp.events, hidden)
+    return SimRun(config.name, stats, mal, time.perf_counter() - t0, time.process_time() - c0, first_dispatch)
+
+
+def longest_queued_s(events, hidden: dict[LengthKey, int], share: float = 0.05) -> float:
+    """Mean time the longest `share` of requests spent waiting for a slot: before their first
+    chunk, and between each chunk's end and the next one's dispatch.
+
+    It bounds what ordering can win: a policy that starts and resumes the longest requests sooner
+    can shorten the iteration by at most about this much (the oracle's head start).
+    """
+    by_request: dict[LengthKey, list] = {}
+    for e in events:
+        by_request.setdefault((e.group_id, e.sample_index), []).append(e)
+    n = max(1, int(round(share * len(by_request))))
+    longest = sorted(by_request, key=lambda k: -hidden[k])[:n]
+    waits = []
+    for k in longest:
+        chunks = sorted(by_request[k], key=lambda e: e.chunk_index)
+        waits.append(chunks[0].dispatch_time + sum(b.dispatch_time - a.complete_time for a, b in zip(chunks, chunks[1:])))
+    return sum(waits) / len(waits) if waits else 0.0
 
 
 def _telemetry(insts: dict[str, SimInstance], cap: int, unit: int, points: int) -> list[Telemetry]:

@@ -8,7 +8,7 @@ import pytest
 
 from bench.configs import BY_NAME, LADDER, select
 from bench.sim.instance import SimInstance, SimSeq
-from bench.sim.simulate import SimSettings, simulate
+from bench.sim.simulate import SimSettings, pool_load_s, simulate
 from bench.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_rate_for_length
 from bench.sim.step_model import StepModel, fit
 from bench.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
@@ -125,6 +125,24 @@ def test_decode_time_follows_the_step_model():
     # 100 steps at batch 1; context grows 10 -> 110 (re-priced every 32 steps), plus no prefill.
     lo, hi = 100 * STEP.step_s(1, 10), 100 * STEP.step_s(1, 110)
     assert lo <= done["g0-s0"] <= hi
+
+
+def test_token_unit_is_a_granularity_not_a_cost():
+    """The same real work (prefill 640 tokens, decode 64) takes the same time at unit 1 and 64."""
+    times = []
+    for unit in (1, 64):
+        inst = SimInstance("a", capacity=10_000, max_num_seqs=8, step=STEP, unit=unit)
+        seq = _seq(0, 640 / unit, 64 // unit)
+        seq.prefill = 640 / unit
+        times.append(run_instance(inst, [seq])["g0-s0"])
+    expected = STEP.prefill_s(640) + sum(STEP.step_s(1, 640 + i) for i in range(64))
+    assert times == pytest.approx([expected, expected], rel=0.01)
+
+
+def test_migration_loads_the_prefix_from_the_pool_on_the_instance_s_devices():
+    """A pool load costs pool_vs_prefill of recomputing the real context on the chunk's instance."""
+    tp8 = STEP.parallel(8)
+    assert pool_load_s(tp8, 100, 64, 0.09) == pytest.approx(0.09 * tp8.prefill_s(6400))
 
 
 def test_decode_time_integrates_the_growing_context():
