@@ -8,21 +8,31 @@ P(next = x | w) = count(w + x) / count(w).
 
 Appends are online (Arctic/SuffixDecoding style): each sequence keeps the nodes where its still
 growing windows (the last ``max_depth`` starts) end, and each new token advances each of them by one
-step, so an append costs O(max_depth) dictionary operations, whatever the size of the tree. The node
-layout is canonical: nodes sit exactly at the root, at branch points and where some window ends, so
-two trees fed the same sequences (in any interleaving) have the same nodes and counts; replicas rely
-on that.
+step, so an append costs O(max_depth) dictionary operations, whatever the size of the tree; windows
+that already sit in a leaf of their own grow for free (see ``SuffixTree.extend``), so in practice
+it costs about as many steps as the current match length. The node layout is canonical: nodes sit
+exactly at the root, at branch points and where some window ends, so two trees fed the same
+sequences (in any interleaving) have the same nodes and counts; replicas rely on that.
+
+``extend`` runs in C when ``_suffix_core.c`` is built (``pip install -e .``), on the same ``Node``
+objects; ``_extend`` below is the same algorithm in Python, the fallback and the reference.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Iterable, Iterator, Sequence
 
 
 class Node:
-    """A tree node; its edge is ``seqs[ref_seq][ref_idx : ref_idx + length]`` (root: empty)."""
+    """A tree node; its edge is ``seqs[ref_seq][ref_idx : ref_idx + length]`` (root: empty).
 
-    __slots__ = ("children", "parent", "count", "length", "ref_seq", "ref_idx")
+    ``parent`` is kept by the pure-Python append only; the compiled core leaves it None so that its
+    trees are acyclic (freed by reference counting, invisible to the cyclic GC). Nothing outside
+    ``SuffixTree._extend`` reads it.
+    """
+
+    __slots__ = ("children", "parent", "count", "length", "ref_seq", "ref_idx", "growing")
 
     def __init__(self, parent: Node | None, count: int, length: int, ref_seq: int, ref_idx: int):
         self.children: dict[int, Node] | None = None  # None for leaves: most nodes are leaves
@@ -31,19 +41,46 @@ class Node:
         self.length = length
         self.ref_seq = ref_seq
         self.ref_idx = ref_idx
+        # An open leaf: the only window through it is still growing (nodes are only ever created
+        # with count 1 as a window's new leaf; SuffixTree.extend clears it when that changes).
+        self.growing = count == 1
+
+
+def _load_core():
+    """The compiled ``extend`` (``_suffix_core.c``, built by ``pip install -e .``), or None."""
+    if os.environ.get("SEER_DGDS_PURE_PYTHON") == "1":
+        return None
+    try:
+        from seer.dgds import _suffix_core
+    except ImportError:
+        return None
+    _suffix_core.bind(Node)
+    return _suffix_core.extend
+
+
+_CORE_EXTEND = _load_core()
+COMPILED = _CORE_EXTEND is not None  # whether trees append with the compiled core by default
 
 
 class SuffixTree:
-    """Suffix tree of a group: ``add_sequence`` per request, then ``extend`` it with new tokens."""
+    """Suffix tree of a group: ``add_sequence`` per request, then ``extend`` it with new tokens.
 
-    def __init__(self, max_depth: int = 64):
+    ``compiled``: append with the C core (default: when it is built, see ``COMPILED``) or with the
+    pure-Python ``_extend``; both build the very same tree.
+    """
+
+    def __init__(self, max_depth: int = 64, compiled: bool | None = None):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
+        if compiled and not COMPILED:
+            raise RuntimeError("seer.dgds._suffix_core is not built (pip install -e .)")
+        self._core = _CORE_EXTEND if compiled is None or compiled else None
         self.max_depth = max_depth
         self.root = Node(None, 0, 0, -1, -1)
         self.root.children = {}  # never None, so `children is None` means a non-root leaf
         self.seqs: list[list[int]] = []
         self._active: list[list[Node]] = []  # per sequence: where its growing windows end
+        self._open: list[int] = []  # per sequence: how many of them (the oldest) are open leaves
         self.num_nodes = 1
 
     # ---- building -------------------------------------------------------------------------
@@ -52,77 +89,124 @@ class SuffixTree:
         """Start a new, empty sequence; returns its index."""
         self.seqs.append([])
         self._active.append([])
+        self._open.append(0)
         return len(self.seqs) - 1
 
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
-        """Append tokens to sequence ``seq_id``: O(len(tokens) * max_depth)."""
-        seqs = self.seqs
-        seq = seqs[seq_id]
+        """Append tokens to sequence ``seq_id``: O(len(tokens) * max_depth) at worst.
+
+        The windows of a sequence that already reach a leaf of their own (count 1) only grow, and
+        they are always its oldest ones: if ``s[j:]`` occurs once, so does every ``s[j':]`` with
+        ``j' < j``. Like Ukkonen's open leaves, such a leaf's edge ends where the sequence ends, so
+        its length is ``len(seq) - ref_idx`` without touching it; each token only walks the other
+        windows (those whose text occurred before: about as many as the current match length), and
+        the open leaves' ``length`` fields are written once, when the call returns. Another
+        sequence's appends can repeat an open leaf's text (its count becomes 2); that only shortens
+        the open prefix, which is checked again at the next call.
+        """
+        if self._core is not None:
+            self._core(self, seq_id, tokens)
+            return
+        seq = self.seqs[seq_id]
         active = self._active[seq_id]
+        lo = self._open[seq_id]  # active[:lo] are open leaves (growing, count 1)
+        # Other sequences may have repeated some of them since (count 2 now): still a prefix.
+        while lo and active[lo - 1].count != 1:
+            lo -= 1
+        try:
+            lo = self._extend(seq_id, seq, active, lo, tokens)
+        finally:
+            end = len(seq)
+            for leaf in active[:lo]:
+                leaf.length = end - leaf.ref_idx
+            self._open[seq_id] = lo
+
+    def _extend(self, seq_id: int, seq: list[int], active: list[Node], lo: int, tokens: Iterable[int]) -> int:
+        seqs = self.seqs
         root = self.root
         max_depth = self.max_depth
         created = 0
-        for tok in tokens:
-            n = len(seq)  # position of tok
-            active.append(root)
-            root.count += 1
-            if len(active) > max_depth:
-                del active[0]  # that window is max_depth long: it stops growing
-            seq.append(tok)
-            for i, node in enumerate(active):
-                children = node.children
-                if children is None:
-                    if node.count == 1:
-                        node.length += 1  # a leaf only this window reaches: grow it in place
-                    else:
+        try:
+            for tok in tokens:
+                n = len(seq)  # position of tok
+                active.append(root)
+                root.count += 1
+                if len(active) > max_depth:
+                    # The oldest window is max_depth long: it stops growing.
+                    if lo:
+                        old = active[0]
+                        old.length = n - old.ref_idx
+                        old.growing = False
+                        lo -= 1
+                    del active[0]
+                seq.append(tok)
+                end = n + 1
+                for i in range(lo, len(active)):
+                    node = active[i]
+                    children = node.children
+                    if children is None:
+                        # a leaf other windows ended at too (count >= 2): this window branches off
                         active[i] = new = Node(node, 1, 1, seq_id, n)
                         node.children = {tok: new}
                         created += 1
-                    continue
-                child = children.get(tok)
-                if child is None:
-                    # (a non-root node with children has count >= 2: this window ends here too)
-                    active[i] = children[tok] = Node(node, 1, 1, seq_id, n)
-                    created += 1
-                elif node.count == child.count + 1 and node is not root:
-                    # This window ends at `node`, and every other window through `node` continues
-                    # with `tok`: the node boundary moves one token down.
-                    if child.length == 1:
-                        # The boundary reaches `child`: `child` absorbs `node`.
-                        parent = node.parent
-                        first = seqs[node.ref_seq][node.ref_idx]
+                        continue
+                    child = children.get(tok)
+                    if child is None:
+                        # (a non-root node with children has count >= 2: this window ends here too)
+                        active[i] = children[tok] = Node(node, 1, 1, seq_id, n)
+                        created += 1
+                        continue
+                    clen = child.length
+                    if child.growing and child.ref_seq == seq_id:
+                        clen = end - child.ref_idx  # an open leaf of this sequence: not written yet
+                    if node.count == child.count + 1 and node is not root:
+                        # This window ends at `node`, and every other window through `node`
+                        # continues with `tok`: the node boundary moves one token down.
+                        if clen == 1:
+                            # The boundary reaches `child`: `child` absorbs `node`.
+                            parent = node.parent
+                            first = seqs[node.ref_seq][node.ref_idx]
+                            child.count += 1
+                            child.length = node.length + 1
+                            child.ref_seq = seq_id
+                            child.ref_idx = end - child.length
+                            child.parent = parent
+                            child.growing = False
+                            parent.children[first] = child  # type: ignore[index]
+                            active[i] = child
+                            created -= 1
+                        else:
+                            length = node.length + 1
+                            node.length = length
+                            node.ref_seq = seq_id
+                            node.ref_idx = end - length
+                            child.length = clen - 1
+                            idx = child.ref_idx + 1
+                            child.ref_idx = idx
+                            head = seqs[child.ref_seq][idx]
+                            if head != tok:
+                                del children[tok]
+                                children[head] = child
+                    elif clen == 1:
                         child.count += 1
-                        child.length = node.length + 1
-                        child.ref_seq = seq_id
-                        child.ref_idx = n + 1 - child.length
-                        child.parent = parent
-                        parent.children[first] = child  # type: ignore[index]
+                        child.growing = False
                         active[i] = child
-                        created -= 1
                     else:
-                        node.length += 1
-                        node.ref_seq = seq_id
-                        node.ref_idx = n + 1 - node.length
-                        child.length -= 1
+                        # Split `child` after its first token; the window ends at the split point.
+                        mid = Node(node, child.count + 1, 1, seq_id, n)
+                        child.length = clen - 1
                         child.ref_idx += 1
-                        head = seqs[child.ref_seq][child.ref_idx]
-                        if head != tok:
-                            del children[tok]  # type: ignore[arg-type]
-                            children[head] = child  # type: ignore[index]
-                elif child.length == 1:
-                    child.count += 1
-                    active[i] = child
-                else:
-                    # Split `child` after its first token; the window ends at the split point.
-                    mid = Node(node, child.count + 1, 1, seq_id, n)
-                    child.length -= 1
-                    child.ref_idx += 1
-                    child.parent = mid
-                    mid.children = {seqs[child.ref_seq][child.ref_idx]: child}
-                    children[tok] = mid  # type: ignore[index]
-                    active[i] = mid
-                    created += 1
-        self.num_nodes += created
+                        child.parent = mid
+                        mid.children = {seqs[child.ref_seq][child.ref_idx]: child}
+                        children[tok] = mid
+                        active[i] = mid
+                        created += 1
+                # Windows that now reached a leaf of their own join the open prefix.
+                while lo < len(active) and active[lo].count == 1:
+                    lo += 1
+        finally:
+            self.num_nodes += created
+        return lo
 
     # ---- queries --------------------------------------------------------------------------
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from seer.dgds.drafting import draft
-from seer.dgds.suffix_tree import SuffixTree
+from seer.dgds.suffix_tree import COMPILED, SuffixTree
 from seer.dgds.types import DraftParams
 
 from .brute import continuations, occurrences, substring_counts
@@ -15,9 +16,14 @@ from .brute import continuations, occurrences, substring_counts
 small_seqs = st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=4)
 
 
-def build(seqs, depth, chunks=None):
+# Both appends: the compiled core (the default when built) and the pure-Python reference.
+IMPLS = [pytest.param(False, id="python"),
+         pytest.param(True, id="compiled", marks=pytest.mark.skipif(not COMPILED, reason="core not built"))]
+
+
+def build(seqs, depth, chunks=None, compiled=None):
     """Feed the sequences in interleaved chunks (the order a server sees)."""
-    tree = SuffixTree(depth)
+    tree = SuffixTree(depth, compiled=compiled)
     ids = [tree.add_sequence() for _ in seqs]
     pos = [0] * len(seqs)
     rng = random.Random(chunks)
@@ -29,10 +35,11 @@ def build(seqs, depth, chunks=None):
     return tree
 
 
+@pytest.mark.parametrize("compiled", IMPLS)
 @settings(max_examples=150, deadline=None)
 @given(small_seqs, st.integers(2, 8), st.integers(0, 1000))
-def test_counts_are_exact(seqs, depth, seed):
-    tree = build(seqs, depth, seed)
+def test_counts_are_exact(compiled, seqs, depth, seed):
+    tree = build(seqs, depth, seed, compiled)
     expected = substring_counts(seqs, depth)
     for w, n in expected.items():
         assert tree.count(w) == n
@@ -43,11 +50,12 @@ def test_counts_are_exact(seqs, depth, seed):
         assert tree.count(w + (9,)) == 0
 
 
+@pytest.mark.parametrize("compiled", IMPLS)
 @settings(max_examples=100, deadline=None)
 @given(small_seqs, st.integers(2, 8), st.integers(0, 1000), st.integers(0, 1000))
-def test_layout_is_canonical_whatever_the_interleaving(seqs, depth, seed_a, seed_b):
-    a = build(seqs, depth, seed_a)
-    b = build(list(reversed(seqs)), depth, seed_b)
+def test_layout_is_canonical_whatever_the_interleaving(compiled, seqs, depth, seed_a, seed_b):
+    a = build(seqs, depth, seed_a, compiled)
+    b = build(list(reversed(seqs)), depth, seed_b, compiled)
     assert a.snapshot() == b.snapshot()
     assert a.num_nodes == len(a.snapshot())
     # Path compression: every non-root node either branches or is where a window ends.
@@ -151,3 +159,77 @@ def test_depth_bound_caps_match_plus_draft():
     paths, match_len = draft(tree, [0, 1, 2], DraftParams(8, 1, 8, 1, 0.0))
     assert match_len == 3
     assert paths[0].tokens == (3,)  # depth 4 = 3 matched + 1 drafted
+
+
+def _node_fields(tree):
+    return sorted((path, n.count, n.length, n.children is None) for path, n in tree.iter_nodes())
+
+
+@pytest.mark.skipif(not COMPILED, reason="core not built")
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), max_size=120), min_size=1, max_size=4),
+       st.sampled_from([2, 3, 5, 16, 64]), st.integers(0, 10**6))
+def test_compiled_and_python_appends_build_the_same_tree_after_every_call(seqs, depth, seed):
+    """Long, repetitive streams (open leaves, boundary moves, absorbs, windows that stop at the
+    depth bound); every node's count, length and path agree after each call, whatever the input
+    type (numpy arrays come from vLLM)."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    py, c = SuffixTree(depth, compiled=False), SuffixTree(depth, compiled=True)
+    ids = [(py.add_sequence(), c.add_sequence()) for _ in seqs]
+    pos = [0] * len(seqs)
+    while any(p < len(s) for p, s in zip(pos, seqs)):
+        i = rng.choice([i for i, s in enumerate(seqs) if pos[i] < len(s)])
+        chunk = seqs[i][pos[i] : pos[i] + rng.randint(1, 12)]
+        pos[i] += len(chunk)
+        py.extend(ids[i][0], chunk)
+        c.extend(ids[i][1], np.array(chunk, dtype=np.int64) if rng.random() < 0.3 else iter(chunk))
+        assert _node_fields(c) == _node_fields(py)
+        assert c.num_nodes == py.num_nodes
+    assert c.seqs == py.seqs
+    expected = substring_counts(seqs, depth)
+    assert all(c.count(w) == n for w, n in expected.items())
+
+
+def test_compiled_append_rejects_bad_tokens_and_keeps_the_tree_consistent():
+    if not COMPILED:
+        pytest.skip("core not built")
+    tree = SuffixTree(8, compiled=True)
+    s = tree.add_sequence()
+    tree.extend(s, [1, 2, 3])
+    with pytest.raises(TypeError):
+        tree.extend(s, [4, "x", 5])
+    tree.extend(s, [6])
+    assert tree.seqs[s] == [1, 2, 3, 4, 6]
+    assert tree.snapshot() == build([[1, 2, 3, 4, 6]], 8, compiled=False).snapshot()
+    with pytest.raises(IndexError):
+        tree.extend(7, [1])
+
+
+def test_compiled_trees_are_freed_without_the_cyclic_gc():
+    """The core keeps trees acyclic and out of the GC (which would otherwise walk every node of
+    every live tree, over and over, as the trees grow): dropping a tree must free it at once."""
+    if not COMPILED:
+        pytest.skip("core not built")
+    import gc
+    import tracemalloc
+
+    rng = random.Random(0)
+    gc.disable()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tree = SuffixTree(64, compiled=True)
+        ids = [tree.add_sequence() for _ in range(4)]
+        for _ in range(1000):
+            tree.extend(rng.choice(ids), [rng.randrange(20) for _ in range(8)])
+        assert not gc.is_tracked(tree.root.children)
+        assert not any(gc.is_tracked(n) for _, n in tree.iter_nodes() if n is not tree.root)
+        built = tracemalloc.get_traced_memory()[0] - base
+        del tree
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert built > 1_000_000 and left < built / 20, (built, left)
