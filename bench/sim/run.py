@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.configs import select
+from bench.sim.hardware import describe as describe_roofline
 from bench.sim.simulate import SimRun, SimSettings, simulate
 from bench.sim.speculation import AcceptanceTable
 from bench.sim.step_model import STEP_TIMES, load
@@ -77,8 +79,11 @@ def check(result: dict) -> list[str]:
     return out
 
 
-def markdown(results: dict[str, dict], fit_text: str, command: str) -> str:
-    lines = [f"`{command}`", "", f"Step-time model: {fit_text}", ""]
+def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bool = False) -> str:
+    head = (f"Step-time model: roofline from the model's and the GPU's published sizes (bench/sim/hardware.py), "
+            f"per scenario below. The measured fit, not used here: {fit_text}") if roofline else \
+        f"Step-time model: {fit_text}"
+    lines = [f"`{command}`", "", head, ""]
     for name, res in results.items():
         w = res["workload"]
         lines += [
@@ -86,15 +91,18 @@ def markdown(results: dict[str, dict], fit_text: str, command: str) -> str:
             f"max {w['max_tokens']} / mean {w['mean_tokens']} tokens (scale {w['paper_scale']:g} of the paper), "
             f"seeds {res['seeds']}",
             "",
+            *([f"Step model: {res['step_model']}", ""] if roofline else []),
             "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | preemptions | migrated chunks | acceptance length |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for c, r in res["configs"].items():
             paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
             mal = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+            # the baseline hands every request to its instance at once: it never waits in the scheduler
+            queued = "-" if c == "baseline" else f"{r['longest_queued_s']:.0f}"
             lines.append(
                 f"| {r['label']} | {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {paper} | "
-                f"{r['tail_s']:.0f} | {r['longest_queued_s']:.0f} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | {mal} |"
+                f"{r['tail_s']:.0f} | {queued} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | {mal} |"
             )
         findings = res.get("findings") or []
         lines += ["", "Bar (each step >= previous; full Seer within +-25% of the paper): "
@@ -112,30 +120,37 @@ def main(argv: list[str] | None = None) -> int:
                     help="fraction of the paper's instances and requests (default: per scenario, DEFAULT_SCALE)")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--step-times", default=str(STEP_TIMES))
+    ap.add_argument("--step-model", choices=("measured", "roofline"), default="measured",
+                    help="measured: fitted to --step-times (this machine); roofline: from the paper's model "
+                         "and GPU sizes (bench/sim/hardware.py)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
 
     fit = load(args.step_times)
-    settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper())
+    settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper(), roofline=args.step_model == "roofline")
     configs = select(args.configs)
     seeds = [int(s) for s in args.seeds.split(",")]
-    command = "python -m bench.sim " + " ".join(argv if argv is not None else [])
+    command = " ".join(["python -m bench.sim", *(sys.argv[1:] if argv is None else argv)])
+    roofline = args.step_model == "roofline"
     print(fit.describe(), flush=True)
     results = {}
     for name in args.scenarios.split(","):
         t0 = time.perf_counter()
         scale = args.scale if args.scale is not None else DEFAULT_SCALE.get(name, 1.0)
         res = run_scenario(name, scale, seeds, settings, configs)
+        if roofline:
+            res["step_model"] = describe_roofline(name, PAPER_WORKLOADS[name].gpus_per_instance)
         res["findings"] = check(res)
         res["elapsed_s"] = time.perf_counter() - t0
         results[name] = res
-        print(markdown({name: res}, fit.describe(), command).split("\n", 4)[-1], flush=True)
+        print(markdown({name: res}, fit.describe(), command, roofline).split("\n", 4)[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"command": command, "step_model": asdict(fit.model), "fit": {
         "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
         "points": fit.points, "batch_range": fit.batch_range, "context_range": fit.context_range},
-        "acceptance": settings.acceptance.source, "scenarios": results}
-    (out / "sim_ablation.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    (out / "sim_ablation.md").write_text(markdown(results, fit.describe(), command) + "\n")
+        "step_model_used": args.step_model, "acceptance": settings.acceptance.source, "scenarios": results}
+    stem = "sim_ablation_roofline" if roofline else "sim_ablation"
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    (out / f"{stem}.md").write_text(markdown(results, fit.describe(), command, roofline) + "\n")
     return 0

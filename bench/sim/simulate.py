@@ -23,6 +23,8 @@ from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
 
 from bench.configs import BenchConfig
+from bench.sim.hardware import MODELS
+from bench.sim.hardware import roofline as roofline_step
 from bench.sim.instance import SimInstance, SimSeq
 from bench.sim.speculation import AcceptanceTable
 from bench.sim.step_model import StepModel
@@ -33,11 +35,18 @@ POOL_VS_PREFILL = 0.09  # KV-pool load time / recompute time per token, measured
 
 @dataclass(frozen=True)
 class SimSettings:
-    step: StepModel
+    step: StepModel  # measured here, for one device; spread over an instance's GPUs
     acceptance: AcceptanceTable
     pool_vs_prefill: float = POOL_VS_PREFILL
     gamma_max: int = 8
     timeline_points: int = 300  # per instance, for plots
+    roofline: bool = False  # paper workloads only: the step model from the model's and the GPU's sizes
+
+    def instance_step(self, workload: Workload) -> StepModel:
+        """The step model of one of `workload`'s instances."""
+        if self.roofline:
+            return roofline_step(MODELS[workload.name], workload.gpus_per_instance)
+        return self.step.parallel(workload.gpus_per_instance)
 
 
 @dataclass
@@ -90,7 +99,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     names = [f"inst{i}" for i in range(workload.instances)]
     disp = Dispatcher(prompts, workload.group_size, SamplingParams(max_tokens=_units(workload.max_tokens, u), seed=seed),
                       policy, names, kv_capacity_tokens=cap)
-    step = settings.step.parallel(workload.gpus_per_instance)
+    step = settings.instance_step(workload)
     insts = {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=config.speculate,
                             gamma_max=settings.gamma_max, block=max(16 / u, 1e-3)) for n in names}
     heap: list[tuple[float, int, str]] = []

@@ -228,3 +228,37 @@ def test_select_configs():
     assert [c.name for c in select("context,baseline")] == ["baseline", "context"]
     with pytest.raises(ValueError):
         select("nope")
+
+
+# -- the roofline step model for the paper's clusters ---------------------------------------------
+
+def test_roofline_kv_layouts_and_costs():
+    from bench.sim.hardware import H800, MODELS, roofline
+    assert MODELS["moonlight"].kv_bytes_per_token == 27 * 576 * 2  # MLA: latent 512 + rope 64, bf16
+    assert MODELS["qwen2vl72b"].kv_bytes_per_token == 80 * 2 * 8 * 128 * 2  # GQA: K and V, 8 heads of 128
+    one = roofline(MODELS["qwen2vl72b"], 1)
+    tp8 = roofline(MODELS["qwen2vl72b"], 8)
+    assert one.fixed_s == pytest.approx(72.7e9 * 2 / H800.hbm_bytes_per_s)  # all bf16 weights read per step
+    for a, b in ((one.fixed_s, tp8.fixed_s), (one.per_token_s, tp8.per_token_s), (one.per_context_s, tp8.per_context_s)):
+        assert b == pytest.approx(a / 8)  # unlike StepModel.parallel, the weight read splits too
+    # Kimi-K2's FP8 weights: half the bytes per parameter and FP8 FLOPS
+    k = roofline(MODELS["kimik2"], 32)
+    assert k.fixed_s == pytest.approx(1.04e12 / 32 / H800.hbm_bytes_per_s)
+    assert k.per_token_s == pytest.approx(2 * 32e9 / (32 * H800.flops["fp8"]))
+
+
+@pytest.mark.parametrize("name", list(PAPER_WORKLOADS))
+def test_workload_kv_capacity_matches_the_model_sizes(name):
+    """The scenarios' KV per instance is what 90% of the GPUs' 80 GB leaves after the weights (within 10%)."""
+    from bench.sim.hardware import MODELS
+    w, m = PAPER_WORKLOADS[name], MODELS[name]
+    left = 0.9 * 80e9 * w.gpus_per_instance - m.weight_bytes
+    assert w.kv_capacity_tokens == pytest.approx(left / m.kv_bytes_per_token, rel=0.10)
+
+
+def test_roofline_settings_replace_the_measured_model_per_workload():
+    w = PAPER_WORKLOADS["qwen2vl72b"]
+    measured = SimSettings(STEP, AcceptanceTable.paper()).instance_step(w)
+    assert measured == STEP.parallel(8)
+    from bench.sim.hardware import MODELS, roofline
+    assert SimSettings(STEP, AcceptanceTable.paper(), roofline=True).instance_step(w) == roofline(MODELS["qwen2vl72b"], 8)
