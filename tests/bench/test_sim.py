@@ -216,6 +216,18 @@ def test_only_the_oracle_gets_the_lengths_and_it_orders_by_them():
         assert a.first_dispatch == b.first_dispatch and a.stats.wall_s == b.stats.wall_s
 
 
+def test_longest_requests_queueing_time():
+    """One slot: FIFO makes the longest request (last in order) wait for every first chunk ahead of it;
+    longest-first never makes it wait, so the diagnostic reads 0."""
+    w = tiny_workload(instances=1, max_num_seqs=1, chunk_size=64)
+    hidden = {(0, 0): 10, (0, 1): 12, (1, 0): 14, (1, 1): 14 * 64}  # the longest always has the most left
+    fifo = simulate(w, BY_NAME["divided"], hidden, SETTINGS).stats.extra["longest_queued_s"]
+    oracle = simulate(w, BY_NAME["oracle"], hidden, SETTINGS).stats.extra["longest_queued_s"]
+    assert oracle == pytest.approx(0.0, abs=1e-9)
+    others = sum(STEP.step_s(1, 10 + i) for i in range(10 + 12 + 14))  # their decoding alone
+    assert fifo > others
+
+
 def test_ladder_order_on_a_paper_scenario_at_small_scale():
     w = PAPER_WORKLOADS["moonlight"].scaled(0.125)
     hidden = w.hidden_lengths(0)
