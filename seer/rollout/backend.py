@@ -30,6 +30,7 @@ class Telemetry:
     prefix_cache_hits: int = 0
     external_prefix_cache_queries: int = 0  # KV-connector (pool) lookups
     external_prefix_cache_hits: int = 0
+    block_size: int = 0  # tokens per KV block (vLLM allocates whole blocks); 0 when unknown
 
     @property
     def kv_free_tokens(self) -> int:

@@ -17,6 +17,9 @@ from seer.rollout.telemetry import telemetry_from_metrics
 from seer.rollout.types import GenerateRequest, GenerateResult
 
 
+KEEPALIVE_S = 2.0  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s)
+
+
 class InstanceError(RuntimeError):
     """The instance rejected a request (a bug in the request, not a transient fault)."""
 
@@ -41,8 +44,13 @@ class InstanceClient:
         # A session belongs to one event loop; each asyncio.run() (one per iteration) gets its own.
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
+            # Idle connections are dropped before the server's keep-alive (vLLM/uvicorn: 5 s) closes
+            # them: reusing one the server is closing fails with "connection reset by peer", which
+            # on a loaded machine dropped a healthy instance from a rollout (chunk and health probe
+            # both sent on stale connections).
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0)
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
             )
             self._session_loop = loop
         return self._session

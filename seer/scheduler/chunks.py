@@ -10,8 +10,25 @@ from __future__ import annotations
 import hashlib
 
 
-def chunk_max_tokens(chunk_size: int | None, max_tokens: int, generated: int) -> int:
-    """`min(chunk_size, max_tokens - generated)`; `None` means the whole remainder (no chunking)."""
+def chunk_max_tokens(
+    chunk_size: int | None,
+    max_tokens: int,
+    generated: int,
+    *,
+    context_len: int | None = None,
+    block_size: int | None = None,
+) -> int:
+    """`min(chunk_size, max_tokens - generated)`; `None` means the whole remainder (no chunking).
+
+    With `context_len` and `block_size` (the instances' KV block), the chunk is shortened by less
+    than a block so that its KV ends exactly on a block boundary: a chunk ending at context L has
+    computed KV for L - 1 tokens (the last sampled token is never fed back), so it ends where
+    `(L - 1) % block_size == 0`. Every block the request holds is then full, which means
+    (1) its reservation (`placement.kv_reservation`) carries no rounding waste, and (2) vLLM's
+    prefix cache and the Mooncake pool, which both keep only full blocks, hold the whole prefix:
+    the next chunk recomputes one token instead of up to a block. Chunks smaller than a block
+    are not aligned.
+    """
     remaining = max_tokens - generated
     if remaining <= 0:
         raise ValueError(f"request already has {generated} of {max_tokens} tokens")
@@ -19,7 +36,10 @@ def chunk_max_tokens(chunk_size: int | None, max_tokens: int, generated: int) ->
         return remaining
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    return min(chunk_size, remaining)
+    n = chunk_size
+    if block_size and context_len is not None and chunk_size >= block_size:
+        n = chunk_size - (context_len + chunk_size - 1) % block_size
+    return min(n, remaining)
 
 
 def chunk_request_id(request_id: str, chunk_index: int) -> str:

@@ -16,6 +16,7 @@ class SchedulerConfig:
     kv_budget_fraction: float = 0.95
     block_size: int = 16
     affinity_gap_tokens: int = 512
+    affinity_gap_fraction: float = 0.25  # of the prefix instance's KV capacity; the larger gap applies
     max_running: int | None = None  # per instance; the only admission bound if KV capacity is unknown
     kv_capacity_tokens: int | None = None  # overrides the capacity instances report
     starvation_after: int = 512  # context: dispatches a ready request may be passed over
@@ -32,6 +33,7 @@ class SchedulerConfig:
             kv_budget_fraction=self.kv_budget_fraction,
             block_size=self.block_size,
             affinity_gap_tokens=self.affinity_gap_tokens,
+            affinity_gap_fraction=self.affinity_gap_fraction,
             max_running=self.max_running,
         )
 

@@ -82,13 +82,15 @@ class Dispatcher:
         return self.buffer.num_running
 
     def observe(self, t: Telemetry) -> None:
-        """Fold an instance's telemetry into its load (capacity, usage, preemptions)."""
+        """Fold an instance's telemetry into its load (capacity, block size, usage, preemptions)."""
         load = self._load_of.get(t.instance)
         if load is None:
             return
         if self._capacity_override is None and t.kv_capacity_tokens > 0:
             load.capacity_tokens = t.kv_capacity_tokens
         load.kv_usage = t.kv_usage
+        if t.block_size > 0:
+            load.block_size = t.block_size
         load.preemptions_total = t.preemptions_total
 
     def load(self, instance: str) -> InstanceLoad:

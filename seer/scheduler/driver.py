@@ -211,12 +211,17 @@ class RolloutDriver:
         one that still answers its telemetry endpoint is alive and the chunk simply failed."""
         if disp.load(name).down is not None:
             return True
-        try:
-            await asyncio.wait_for(self.backends[name].telemetry(), self.telemetry_timeout_s)
-            return False
-        except Exception as probe:
-            self._mark_down(disp, name, f"dead: chunk failed with {error!r}; health probe: {probe!r}")
-            return True
+        probe: Exception | None = None
+        for attempt in range(2):  # a second probe on a fresh connection: one reset is not a death
+            try:
+                await asyncio.wait_for(self.backends[name].telemetry(), self.telemetry_timeout_s)
+                return False
+            except Exception as e:
+                probe = e
+                if attempt == 0:
+                    await asyncio.sleep(0.2)
+        self._mark_down(disp, name, f"dead: chunk failed with {error!r}; health probe: {probe!r}")
+        return True
 
     def _mark_down(self, disp: Dispatcher, name: str, why: str) -> None:
         if disp.mark_down(name, why, self.clock()):

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class PlacementConfig:
     kv_budget_fraction: float = 0.95  # share of an instance's KV slots the scheduler may reserve
-    block_size: int = 16  # KV is allocated in blocks; reserve whole blocks
-    affinity_gap_tokens: int = 512  # stay on the prefix's instance unless another has this much more free KV
+    block_size: int = 16  # KV is allocated in blocks; reserve whole blocks (instances' telemetry overrides it)
+    # Stay on the prefix's instance unless another has more free KV by this many tokens, or by this
+    # share of the prefix instance's capacity, whichever is larger (see choose_instance).
+    affinity_gap_tokens: int = 512
+    affinity_gap_fraction: float = 0.25
     max_running: int | None = None  # optional cap per instance (the only bound when capacity is unknown)
 
     def __post_init__(self) -> None:
@@ -27,6 +30,8 @@ class PlacementConfig:
             raise ValueError("kv_budget_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.affinity_gap_tokens < 0:
             raise ValueError("block_size must be > 0 and affinity_gap_tokens >= 0")
+        if not 0 <= self.affinity_gap_fraction <= 1:
+            raise ValueError("affinity_gap_fraction must be in [0, 1]")
         if self.max_running is not None and self.max_running <= 0:
             raise ValueError("max_running must be positive")
 
@@ -43,11 +48,28 @@ class InstanceLoad:
     kv_usage: float = 0.0  # last telemetry (0..1)
     preemptions_total: int = 0  # last telemetry
     down: str | None = None  # why the instance was dropped (dead or hung); None while it serves
+    block_size: int = 0  # tokens per KV block the instance reports; 0 = unknown (config's block_size)
 
 
-def kv_reservation(context_len: int, max_tokens: int, cfg: PlacementConfig) -> int:
-    """KV slots a chunk can occupy by its end, rounded up to whole blocks."""
-    return math.ceil((context_len + max_tokens) / cfg.block_size) * cfg.block_size
+def reservation_block_size(loads: Sequence[InstanceLoad], cfg: PlacementConfig) -> int:
+    """The block size reservations are rounded to: the largest any instance reports, else the config's.
+
+    vLLM allocates KV in whole blocks (128 tokens on its CPU backend, 16 on GPUs); reserving in
+    smaller units undercounts every request by up to a block, and the engine then preempts.
+    """
+    return max((load.block_size for load in loads if load.block_size > 0), default=cfg.block_size)
+
+
+def kv_reservation(context_len: int, max_tokens: int, cfg: PlacementConfig, block_size: int | None = None) -> int:
+    """KV slots a chunk can occupy by its end, rounded up to whole blocks.
+
+    A chunk that starts at `context_len` and samples `max_tokens` tokens computes KV for
+    `context_len + max_tokens - 1` positions: the last sampled token is returned, never fed back.
+    (vLLM's CPU backend schedules synchronously; a GPU engine with async scheduling may allocate
+    one more slot in a request's last step, which `kv_budget_fraction` leaves room for.)
+    """
+    bs = block_size or cfg.block_size
+    return math.ceil((context_len + max_tokens - 1) / bs) * bs
 
 
 def free_tokens(load: InstanceLoad, cfg: PlacementConfig) -> float:
@@ -76,6 +98,11 @@ def _rank(load: InstanceLoad, cfg: PlacementConfig) -> tuple:
     return (free_tokens(load, cfg), -load.running, -load.kv_usage, -load.index)
 
 
+def affinity_gap(home: InstanceLoad, cfg: PlacementConfig) -> float:
+    """How much more free KV another instance needs before a chunk leaves its prefix's instance."""
+    return max(cfg.affinity_gap_tokens, cfg.affinity_gap_fraction * home.capacity_tokens)
+
+
 def choose_instance(
     loads: Sequence[InstanceLoad],
     need: int,
@@ -84,8 +111,12 @@ def choose_instance(
 ) -> InstanceLoad | None:
     """The admitting instance with the most free KV, or the prefix's instance if it is close.
 
-    Staying where the prefix is avoids a pool transfer; past `affinity_gap_tokens` of extra free
-    KV elsewhere, balance wins and the next instance pulls the prefix from the pool.
+    Staying where the prefix is costs nothing (its blocks are in the instance's prefix cache);
+    moving costs a pool transfer, or a full re-prefill without the pool. So a chunk whose prefix
+    instance admits it stays there unless another instance has more free KV by the affinity gap
+    (`affinity_gap`: `affinity_gap_tokens`, or `affinity_gap_fraction` of the capacity if larger),
+    or is idle while the prefix instance still has other work. Smaller imbalances are evened out
+    by placing new requests, which have no prefix anywhere, on the freer instance.
     None means no instance can take the chunk now: wait.
     """
     best: InstanceLoad | None = None
@@ -99,7 +130,9 @@ def choose_instance(
             home = load
     if best is None or home is None or home is best:
         return best
+    if best.running == 0 and home.running > 0:  # an idle instance takes work from a busy one
+        return best
     gap = free_tokens(best, cfg) - free_tokens(home, cfg)
-    if math.isnan(gap) or gap <= cfg.affinity_gap_tokens:  # nan: both unknown, i.e. no evidence of a gap
+    if math.isnan(gap) or gap <= affinity_gap(home, cfg):  # nan: both unknown, i.e. no evidence of a gap
         return home
     return best

@@ -26,6 +26,25 @@ def test_chunk_max_tokens_edges():
         chunk_max_tokens(0, 100, 0)
 
 
+@given(st.sampled_from([16, 128]), st.integers(1, 8), st.integers(1, 4000), st.data())
+def test_block_aligned_chunks_end_where_their_kv_fills_a_block(block, blocks_per_chunk, context, data):
+    chunk = block * blocks_per_chunk
+    max_tokens = data.draw(st.integers(1, 8192))
+    generated = data.draw(st.integers(0, max_tokens - 1))
+    n = chunk_max_tokens(chunk, max_tokens, generated, context_len=context, block_size=block)
+    assert 1 <= n <= min(chunk, max_tokens - generated)
+    if n < max_tokens - generated:  # not the request's last chunk: KV for context + n - 1 tokens
+        assert (context + n - 1) % block == 0 and n > chunk - block
+
+
+def test_block_aligned_chunk_examples():
+    # the default task's ~60-token prompt, vLLM CPU's 128-token blocks, 256-token chunks
+    assert chunk_max_tokens(256, 2048, 0, context_len=60, block_size=128) == 197  # KV 256 = 2 blocks
+    assert chunk_max_tokens(256, 2048, 197, context_len=257, block_size=128) == 256  # then whole chunks
+    assert chunk_max_tokens(256, 2048, 2000, context_len=2060, block_size=128) == 48  # the remainder
+    assert chunk_max_tokens(8, 100, 0, context_len=5, block_size=16) == 8  # smaller than a block: as is
+
+
 def test_chunk_seed_depends_only_on_base_request_and_chunk():
     assert chunk_seed(None, "g0-s0", 0) is None
     s = chunk_seed(7, "g0-s0", 0)

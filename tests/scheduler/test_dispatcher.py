@@ -87,3 +87,36 @@ def test_next_chunk_prompt_is_prompt_plus_generated_and_seeds_are_per_chunk():
     for k, g in enumerate(sent):
         assert g.prompt_ids == [100] * 3 + response[: 10 * k]
         assert g.sampling.seed == chunk_seed(11, "g0-s0", k) and g.sampling.max_tokens == g.max_tokens
+
+
+def test_telemetry_sets_capacity_and_block_size():
+    from seer.rollout.backend import Telemetry
+    from seer.rollout.telemetry import telemetry_from_metrics
+
+    text = ('vllm:cache_config_info{block_size="128",num_gpu_blocks="64",kv_cache_size_tokens="None"} 1.0\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.25\n')
+    t = telemetry_from_metrics("a", text)
+    assert (t.kv_capacity_tokens, t.block_size, t.kv_usage) == (8192, 128, 0.25)
+    disp = Dispatcher(prompts(1), 2, SamplingParams(max_tokens=100),
+                      SchedulerConfig(policy="divided", chunk_size=10).build_policy(), ["a"])
+    disp.observe(t)
+    assert disp.load("a").capacity_tokens == 8192 and disp.load("a").block_size == 128
+    disp.observe(Telemetry("a", 0.0, 0.5, 8192, 0, 0, 0))  # an older server without the label
+    assert disp.load("a").block_size == 128
+
+
+def test_telemetry_reads_only_its_metrics_and_ignores_histogram_buckets():
+    from seer.rollout.telemetry import parse_prometheus, telemetry_from_metrics
+
+    text = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests",
+        'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
+        'vllm:num_requests_running_extra{engine="0"} 100.0',  # same prefix, another metric
+        'vllm:num_preemptions_total{engine="0"} 3.0',
+        *(f'vllm:request_queue_time_seconds_bucket{{le="{b}"}} 1.0' for b in range(50)),
+        'vllm:cache_config_info{block_size="128",num_gpu_blocks="10"} 1.0',
+    ])
+    t = telemetry_from_metrics("a", text, now=1.0)
+    assert (t.num_running, t.preemptions_total, t.kv_capacity_tokens, t.block_size) == (7, 3, 1280, 128)
+    assert len(parse_prometheus(text, ("vllm:num_requests_running",))) == 2  # prefix test; names match later
+    assert len(parse_prometheus(text)) == 54

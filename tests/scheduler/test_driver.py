@@ -95,9 +95,10 @@ def test_same_seed_same_chunk_seeds_and_tokens():
 
 @pytest.mark.timeout(30)
 def test_kv_budget_bounds_concurrency_on_real_time():
-    # Each chunk reserves at least 4 + 16 tokens; a budget of 0.95 * 100 = 95 fits at most 4.
+    # Each chunk reserves at least 4 + 16 - 1 KV slots (the last sampled token has none); a budget
+    # of 0.95 * 100 = 95 fits at most 5.
     result, fakes, *_ = run("divided", capacity=100)
-    assert max(f.max_running for f in fakes) <= 4
+    assert max(f.max_running for f in fakes) <= 5
     assert max(f.max_running for f in fakes) >= 2  # and it still runs chunks concurrently
 
 

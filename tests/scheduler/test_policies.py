@@ -115,11 +115,11 @@ def test_starvation_guard_is_rationed_so_ordering_survives_a_full_queue():
 def test_context_waits_when_no_instance_has_kv_room():
     p = ContextAware(chunk_size=100, placement=CFG)
     p.on_ready(request(0, 0, prompt_len=50))
-    full = loads(1000, 1000, reserved=(900, 860))  # chunk needs 50 + 100 = 150
+    full = loads(1000, 1000, reserved=(900, 861))  # chunk needs 50 + 100 - 1 = 149
     assert p.pick(full) == Wait("kv_full")
-    roomy = loads(1000, 1000, reserved=(900, 850))
+    roomy = loads(1000, 1000, reserved=(900, 851))
     d = p.pick(roomy)
-    assert isinstance(d, Dispatch) and d.instance == "i1" and d.kv_tokens == 150
+    assert isinstance(d, Dispatch) and d.instance == "i1" and d.kv_tokens == 149
 
 
 def test_context_idle_when_nothing_ready():
@@ -133,14 +133,15 @@ def test_dispatch_max_tokens_is_min_of_chunk_and_remaining(name):
     p = make_policy(name, chunk_size=300, placement=CFG)
     p.on_ready(request(0, 1, generated=850, max_tokens=1000))
     d = p.pick(BIG)
-    assert d.max_tokens == 150 and d.kv_tokens == 4 + 850 + 150
+    assert d.max_tokens == 150 and d.kv_tokens == 4 + 850 + 150 - 1  # the last token gets no KV
     p2 = make_policy(name, chunk_size=300, placement=CFG)
     p2.on_ready(request(0, 1, generated=100, max_tokens=1000))
     assert p2.pick(BIG).max_tokens == 300
 
 
 def test_chunk_prefers_the_instance_holding_its_prefix():
-    p = DividedFifo(chunk_size=100, placement=PlacementConfig(block_size=1, affinity_gap_tokens=512))
+    p = DividedFifo(chunk_size=100, placement=PlacementConfig(block_size=1, affinity_gap_tokens=512,
+                                                              affinity_gap_fraction=0.0))
     r = request(0, 1, generated=100)
     r.instances = ["i0", "i1"]
     p.on_ready(r)
@@ -238,3 +239,35 @@ def test_true_lengths_from_a_previous_run():
 def test_unknown_policy_name():
     with pytest.raises(ValueError, match="unknown scheduler policy"):
         make_policy("lottery")
+
+
+@pytest.mark.parametrize("name", ["divided", "context", "group_rr"])
+def test_reservation_uses_the_instances_block_size(name):
+    p = make_policy(name, chunk_size=256, placement=PlacementConfig(block_size=16, kv_budget_fraction=1.0))
+    p.on_ready(request(0, 1, generated=0, max_tokens=2048, prompt_len=60))
+    ls = loads(100_000, 100_000)
+    for load in ls:
+        load.block_size = 128
+    d = p.pick(ls)
+    assert d.kv_tokens % 128 == 0 and d.kv_tokens >= 60 + d.max_tokens - 1
+    if name != "group_rr":  # chunks end where their KV fills the last block exactly: no waste
+        assert (d.max_tokens, d.kv_tokens) == (197, 256)
+
+
+def test_context_continues_started_requests_before_fresh_ones_of_the_same_estimate():
+    """Every group is unknown (estimate = maximum) early on: a request back from a chunk goes before
+    requests not yet started, and the one that has generated most goes first (heavy tails: the
+    more a request has generated, the longer it is expected to run)."""
+    p = ContextAware(chunk_size=100, placement=CFG)
+    fresh = [request(g, 1) for g in range(3)]
+    for r in fresh:
+        p.on_ready(r)
+    p.on_ready(request(5, 2, generated=200))
+    p.on_ready(request(4, 3, generated=400))
+    assert drain(p)[:2] == ["g4-s3", "g5-s2"]
+    # a known shorter group still goes after the unknown ones, whatever it has generated
+    q = ContextAware(chunk_size=100, placement=CFG)
+    q.on_ready(request(0, 1, generated=300))
+    q.on_finished(finished(request(0, 2), 350))
+    q.on_ready(request(1, 1))
+    assert drain(q) == ["g1-s1", "g0-s1"]

@@ -14,7 +14,9 @@ from typing import ClassVar
 from seer.scheduler.buffer import Request
 from seer.scheduler.chunks import chunk_max_tokens
 from seer.scheduler.decisions import Decision, Dispatch, Wait
-from seer.scheduler.placement import InstanceLoad, PlacementConfig, choose_instance, kv_reservation
+from seer.scheduler.placement import (
+    InstanceLoad, PlacementConfig, choose_instance, kv_reservation, reservation_block_size,
+)
 
 
 class Policy(ABC):
@@ -47,8 +49,10 @@ class Policy(ABC):
 
     def place(self, req: Request, loads: Sequence[InstanceLoad], reason: str) -> Decision:
         """Size `req`'s next chunk and find it an instance within the KV budget, or wait."""
-        max_tokens = chunk_max_tokens(self.chunk_size, req.max_tokens, req.generated)
-        need = kv_reservation(req.context_len, max_tokens, self.placement)
+        block = reservation_block_size(loads, self.placement)
+        max_tokens = chunk_max_tokens(self.chunk_size, req.max_tokens, req.generated,
+                                      context_len=req.context_len, block_size=block)
+        need = kv_reservation(req.context_len, max_tokens, self.placement, block)
         load = choose_instance(loads, need, req.last_instance, self.placement)
         if load is None:
             return Wait("kv_full")

@@ -6,6 +6,14 @@ that short groups reveal their length quickly; every other request is ordered by
 estimate L_g, longest first (approximate longest-first without knowing lengths). A group with
 nothing finished is estimated at the maximum length, so an unknown group is never put behind
 known short ones.
+
+Among requests with the same estimate (every group is at the maximum until its probe finishes),
+the one that has generated most goes first. Lengths are heavy-tailed, so the expected remaining
+length of a request grows with what it has already generated: continuing it is the closer
+approximation of longest-first, and it is what bounds the tail, whose length is the longest
+request's decode time plus one re-admission per chunk. It also keeps the request's prefix hot
+in its instance's prefix cache. (Fresh requests first put every continuation behind all
+not-yet-started work, and the longest requests waited in the buffer at each chunk boundary.)
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ class ContextAware(Policy):
         self._last_guard = -starvation_every
         self.probe_index = probe_index
         self._probes = PriorityIndex()  # key: (generated,) -> shortest generated first
-        self._low = PriorityIndex()  # key: (-L_g, generated) -> largest group estimate first
+        self._low = PriorityIndex()  # key: (-L_g, -generated) -> largest estimate, then most generated
         self._waiting = PriorityIndex()  # key: (dispatch count when it became ready,)
         self._low_members: dict[int, set[Request]] = {}
         self._longest_finished: dict[int, int] = {}
@@ -69,7 +77,7 @@ class ContextAware(Policy):
         return req.sample_index == self.probe_index
 
     def _low_key(self, req: Request) -> tuple:
-        return (-self.estimate(req.group_id), req.generated)
+        return (-self.estimate(req.group_id), -req.generated)
 
     def _rekey_group(self, group_id: int) -> None:
         for member in self._low_members.get(group_id, ()):

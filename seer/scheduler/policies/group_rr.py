@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from seer.scheduler.buffer import Request
 from seer.scheduler.chunks import chunk_max_tokens
 from seer.scheduler.decisions import Decision, Dispatch, Wait
-from seer.scheduler.placement import InstanceLoad, PlacementConfig, kv_reservation
+from seer.scheduler.placement import InstanceLoad, PlacementConfig, kv_reservation, reservation_block_size
 from seer.scheduler.policies.base import Policy
 from seer.scheduler.policies.index import PriorityIndex
 
@@ -48,7 +48,7 @@ class GroupRoundRobin(Policy):
             # a new group, or one whose instance was dropped, takes the next live instance in turn
             instance = live[self._groups_assigned % len(live)].name
         max_tokens = chunk_max_tokens(None, req.max_tokens, req.generated)
-        need = kv_reservation(req.context_len, max_tokens, self.placement)
+        need = kv_reservation(req.context_len, max_tokens, self.placement, reservation_block_size(loads, self.placement))
         return Dispatch(req, instance, max_tokens, need, "round_robin")
 
     def summary(self) -> dict:
