@@ -3,8 +3,9 @@
 For each of the paper's workloads (Table 3) it simulates one iteration under every configuration
 of the ladder, with the same hidden lengths, and prints throughput relative to the baseline next
 to the paper's Table 4. The step-time model is fitted from `bench/sim/step_times.json` (measured
-here) and its fit error is printed; acceptance comes from the paper's Table 2.
-Writes bench/results/sim_ablation.{json,md}.
+here) and its fit error is printed; `--step-model roofline` uses the paper's models and GPU instead
+(`bench/sim/hardware.py`). Acceptance comes from the paper's Table 2.
+Writes bench/results/sim_ablation.{json,md} (sim_ablation_roofline.* with the roofline).
 """
 
 from __future__ import annotations
