@@ -23,9 +23,9 @@ The bug (vLLM 0.32.0, CPU backend without Triton-CPU, which is what ``pip instal
   without drafts go through the ordinary sampler and are right, so the damage grows with the
   number of drafted positions; greedy requests never read the temperature and stay exact.
 
-The fix re-registers ``expand_kernel`` through vLLM's own override registry
-(``vllm/triton_utils/dispatcher.py`` ``register_kernels``, the documented way for a platform to
-replace a Triton kernel) with a dtype-preserving torch implementation of the Triton kernel's
+The fix swaps the implementation behind vLLM's own override of ``expand_kernel`` (the
+``KernelOverride`` of ``vllm/triton_utils/dispatcher.py``, vLLM's registry of platform kernels)
+for a dtype-preserving torch implementation of the Triton kernel's
 semantics (``rejection_sampler.py:956``: each request's value, with ``replace_from`` replaced by
 ``replace_to``, repeated over that request's draft positions). It must run in the engine's worker
 process after vLLM registered its CPU overrides (``worker_base.py:282``); ``DgdsProposer`` and
@@ -68,32 +68,50 @@ def expand_kernel_impl(
     output[:total].copy_(torch.repeat_interleave(values, counts, output_size=total))
 
 
-def _registered_expand_impl() -> Any:
-    from vllm.triton_utils import dispatcher
-
-    entry = dispatcher._registry.get(EXPAND_KERNEL)
-    return None if entry is None else entry[1]
-
-
 def apply_cpu_sampling_fixes() -> bool:
     """Replace vLLM's broken CPU ``expand_kernel`` override; True when it was replaced now.
 
-    ``SEER_VLLM_CPU_FIX=0`` leaves vLLM as it is (to reproduce the bug)."""
+    The override vLLM registered is one ``KernelOverride`` object that every holder of the kernel
+    (the module attribute, the warmup dispatcher of ``_expand``) already points to, so its
+    implementation is swapped in place: no rescan of ``sys.modules`` as ``register_kernels`` does
+    (that scan trips over some third-party module attributes, e.g. llvmlite's, when they are
+    loaded). ``SEER_VLLM_CPU_FIX=0`` leaves vLLM as it is (to reproduce the bug). Never raises:
+    a failure is logged, and decoding goes on as vLLM does it.
+    """
     if os.environ.get("SEER_VLLM_CPU_FIX", "1") == "0":
         return False
     try:
-        from vllm.triton_utils import HAS_TRITON
-        from vllm.triton_utils.dispatcher import register_kernels
-    except Exception:  # another vLLM layout: nothing of ours to correct
+        return _swap_expand_kernel()
+    except Exception:
+        log.exception("Seer: could not correct vLLM's CPU rejection-sampler expand_kernel; sampled "
+                      "speculative decoding on this CPU backend may not follow the target distribution")
+        return False
+
+
+def _swap_expand_kernel() -> bool:
+    try:
+        from vllm.triton_utils import HAS_TRITON, dispatcher
+    except ImportError:  # another vLLM layout: nothing of ours to correct
         return False
     if HAS_TRITON:  # real Triton kernels run; no override is in use
         return False
-    impl = _registered_expand_impl()
-    if impl is None or impl is expand_kernel_impl:
+    entry = dispatcher._registry.get(EXPAND_KERNEL)
+    if entry is None:  # not the CPU platform, or vLLM registered no override
         return False
+    original, impl = entry
+    if impl is expand_kernel_impl:
+        return False  # done already
     if (getattr(impl, "__module__", None), getattr(impl, "__name__", None)) != _BROKEN_IMPL:
         return False  # someone else's override: leave it alone
-    register_kernels({EXPAND_KERNEL: expand_kernel_impl})
+    from vllm.v1.sample import rejection_sampler
+
+    wrapper = rejection_sampler.expand_kernel
+    if not isinstance(wrapper, dispatcher.KernelOverride) or getattr(wrapper, "_impl", None) is not impl:
+        raise RuntimeError(f"unexpected expand_kernel {wrapper!r}")
+    wrapper._impl = expand_kernel_impl
+    wrapper.func = expand_kernel_impl
+    wrapper._forward_by_name = False  # our parameter names differ: launch arguments go in kernel order
+    dispatcher._registry[EXPAND_KERNEL] = (original, expand_kernel_impl)
     log.warning("Seer: replaced vLLM's CPU rejection-sampler expand_kernel (it drops its float output; "
                 "see seer/dgds/vllm_cpu_fixes.py)")
     return True
