@@ -1,7 +1,9 @@
 """Rollout throughput, configuration by configuration, on real vLLM instances: `python -m bench.compare`.
 
-    python -m bench.compare [--mode model|trace] [--model tiny] [--groups 16] [--group-size 4]
+    python -m bench.compare [--mode model|trace|replay] [--model tiny] [--groups 16] [--group-size 4]
                             [--repeats 3] [--configs all] [--out bench/results/compare]
+    python -m bench.compare --preset default-longtail      # the README's table
+    python -m bench.compare --render DIR                   # re-summarize DIR/compare.json
 
 The same workload (prompts, per-chunk seeds, sampling, instances) runs under each configuration
 of the ladder (bench.configs): baseline group round-robin, + divided rollout, + context-aware
@@ -15,7 +17,12 @@ runs first on each pool.
 Modes: `model` (default) generates with the model on the built-in task, lengths are the model's
 own; the oracle gets the lengths of the warm-up run (same chunking, same seeds). `trace` gives every
 request a hidden heavy-tailed, group-correlated target length (bench.workloads) that only the
-instances (bench.trace_backend) and the oracle see.
+instances (bench.trace_backend) and the oracle see. `replay` takes those target lengths from the
+model itself: the warm-up run (model mode) samples every request's length once, and every
+configuration and repeat then generates with the model up to exactly those lengths. Model mode's
+wall time is dominated by the longest sampled response, which differs from run to run (a
+response that loops to the maximum length, or not); replay keeps the model's own heavy-tailed
+lengths and makes the configurations differ by scheduling only.
 
 Writes <out>/compare.json, compare.md (ratios to the baseline, spread over repeats) and PNGs.
 """
@@ -33,9 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seer.rollout.engine import stats_from_result
-from seer.rollout.types import IterationStats, PromptSpec, SamplingParams
+from seer.rollout.types import InstanceStats, IterationStats, PromptSpec, SamplingParams
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
 
+from bench.breakdown import breakdown, format_breakdown, scrape
 from bench.configs import BenchConfig, select
 from bench.trace_backend import TraceBackend
 from bench.workloads import LengthModel
@@ -45,7 +53,7 @@ PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
 
 @dataclass(frozen=True)
 class CompareSettings:
-    mode: str = "model"  # model | trace
+    mode: str = "model"  # model | trace | replay
     model: str = "tiny"
     groups: int = 16
     group_size: int = 4
@@ -61,13 +69,26 @@ class CompareSettings:
     seed: int = 7
     spec_tokens: int = 8
     configs: str = "all"
+    verbose: int = 0  # 1: print each run's time breakdown (bench.breakdown)
+    preset: str = ""  # a named workload (PRESETS); flags given with it override its settings
     out: str = "bench/results/compare"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("model", "trace"):
-            raise ValueError(f"--mode must be model or trace, got {self.mode!r}")
+        if self.mode not in ("model", "trace", "replay"):
+            raise ValueError(f"--mode must be model, trace or replay, got {self.mode!r}")
         if self.groups < 1 or self.group_size < 2 or self.repeats < 1 or self.chunk_size < 1:
             raise ValueError("groups >= 1, group_size >= 2, repeats >= 1 and chunk_size >= 1 are required")
+
+
+# Named workloads. `default-longtail`: the embedded default model on the built-in task's fixed
+# 16-prompt set (`seer-run`'s default: 16 groups x G=16, max 2048 tokens, heavy-tailed lengths), two
+# instances whose KV memory, not max_num_seqs, bounds concurrency (docs/bench.md says why 32 MiB).
+PRESETS: dict[str, dict] = {
+    "default-longtail": dict(
+        mode="replay", model="default", groups=16, group_size=16, max_tokens=2048, max_model_len=4096, chunk_size=256,
+        kv_cache_bytes=32 << 20, max_num_seqs=256, seed=0, configs="baseline,divided,context,oracle",
+    ),
+}
 
 
 @dataclass
@@ -91,16 +112,19 @@ async def run_one(backends, clients, cfg: BenchConfig, prompts: list[PromptSpec]
     """One iteration under `cfg`; caches emptied first so no run reuses another's KV."""
     for c in clients:
         await c.reset_prefix_cache()
-    sched = SchedulerConfig(policy=cfg.policy, chunk_size=s.chunk_size, max_running=s.max_num_seqs,
-                            telemetry_interval_s=0.25)
+    sched = SchedulerConfig(policy=cfg.policy, chunk_size=cfg.chunk_size or s.chunk_size, max_running=s.max_num_seqs)
     driver = RolloutDriver(backends, sched)
     sampling = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed,
-                              ignore_eos=s.mode == "trace")
+                              ignore_eos=s.mode == "trace")  # replay: TraceBackend sets it per chunk
     before = [await c.telemetry() for c in clients]
+    metrics_before = await scrape(clients)
     result = await driver.run(prompts, group_size=s.group_size, sampling=sampling, request_id_prefix=prefix,
                               true_lengths=true_lengths if cfg.oracle else None)
+    metrics_after = await scrape(clients)
     after = [await c.telemetry() for c in clients]
     stats = stats_from_result(result, 0, [b.name for b in backends])
+    stats.extra["breakdown"] = breakdown(result.chunks, result.start_time, result.end_time,
+                                         metrics_before, metrics_after)
     return stats, _acceptance(before, after), true_lengths_from_samples(result.samples)
 
 
@@ -129,12 +153,14 @@ def run(s: CompareSettings, progress=print) -> dict:
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     cores = cpu_sets(s.instances)
-    # Dev mode: /reset_prefix_cache between runs. A large token budget per step: vLLM 0.32's CPU
-    # backend fails on seeded requests whose prefill is split over steps.
+    # Dev mode: /reset_prefix_cache between runs. No chunked prefill: vLLM 0.32's CPU backend fails
+    # on seeded requests whose prefill is split over steps. (A step budget as large as
+    # max_num_seqs x max_model_len did the same, but vLLM's start-up profiles a batch of that many
+    # tokens, which runs out of memory for the default model with 256 sequences.)
     common = dict(model=str(model_dir), max_model_len=s.max_model_len, kv_cache_bytes=s.kv_cache_bytes,
                   max_num_seqs=s.max_num_seqs, seed=s.seed, weight_sync=False,
                   env={"VLLM_SERVER_DEV_MODE": "1"})
-    batched = ("--max-num-batched-tokens", str(max(8192, s.max_num_seqs * s.max_model_len)))
+    batched = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, s.max_model_len)))
     plain_specs = [InstanceSpec(f"inst{i}", port=free_port(), cpus=c, extra_args=batched, **common)
                    for i, c in enumerate(cores)]
     want_sd = any(c.speculate for c in configs)
@@ -158,8 +184,13 @@ def run(s: CompareSettings, progress=print) -> dict:
 
             async def go():
                 try:
+                    nonlocal hidden
                     warm = BenchConfig("warmup", "divided")
                     _, _, lengths = await run_one(backends(plain), plain, warm, prompts, s, "warm-")
+                    if s.mode == "replay":  # the model's own lengths, from now on the same in every run
+                        hidden = lengths
+                        progress(f"replaying the warm-up's lengths: {sum(lengths.values())} tokens, "
+                                 f"longest {max(lengths.values())}, median {sorted(lengths.values())[len(lengths) // 2]}")
                     if sd:
                         await run_one(backends(sd), sd, warm, prompts, s, "warmsd-")
                     true_lengths = hidden or lengths  # the oracle's "previous run"
@@ -174,6 +205,8 @@ def run(s: CompareSettings, progress=print) -> dict:
                             progress(f"repeat {rep} {cfg.name:10s} {stats.tokens_per_s:8.1f} tok/s  wall "
                                      f"{stats.wall_s:6.1f} s  tail {stats.tail_s:5.1f} s  preemptions {stats.preemptions}"
                                      + (f"  acceptance {mal:.2f}" if mal else ""))
+                            if s.verbose:
+                                progress(format_breakdown(cfg.name, stats.extra["breakdown"]))
                 finally:
                     await pool.aclose_clients()
 
@@ -181,12 +214,31 @@ def run(s: CompareSettings, progress=print) -> dict:
     finally:
         if dgds is not None:
             dgds.stop(0.5)
+    return write(s, configs, runs, out, time.monotonic() - t0)
+
+
+def write(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigRun], out: Path, elapsed_s: float) -> dict:
+    """compare.json, compare.md and the PNGs of a finished comparison."""
     result = summarize(s, configs, runs)
-    result["elapsed_s"] = time.monotonic() - t0
+    result["elapsed_s"] = elapsed_s
     (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / "compare.md").write_text(markdown(result) + "\n")
+    (out / "compare.md").write_text(markdown(result) + "\n\nWhere the time went (bench.breakdown):\n\n"
+                                    + breakdown_markdown(result) + "\n")
     plot(result, runs, out)
     return result
+
+
+def render(out: Path) -> dict:
+    """Rewrite compare.md, the PNGs and the summary of `out/compare.json` with this code (no rerun)."""
+    old = json.loads((out / "compare.json").read_text())
+    s = CompareSettings(**{k: v for k, v in old["settings"].items() if k in CompareSettings.__dataclass_fields__})
+    runs = []
+    for r in old["runs"]:
+        st = dict(r["stats"])
+        st["instances"] = [InstanceStats(**i) for i in st["instances"]]
+        runs.append(ConfigRun(r["config"], r["repeat"], r["position"], IterationStats(**st),
+                              r.get("mean_acceptance_length"), r.get("lengths", {})))
+    return write(s, select(s.configs), runs, out, old.get("elapsed_s", 0.0))
 
 
 def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigRun]) -> dict:
@@ -208,6 +260,8 @@ def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigR
             "ratio_max": max(ratios) if ratios else None,
             "wall_s": statistics.mean(r.stats.wall_s for r in mine),
             "tail_s": statistics.mean(r.stats.tail_s for r in mine),
+            "tail_s_min": min(r.stats.tail_s for r in mine),
+            "tail_s_max": max(r.stats.tail_s for r in mine),
             "idle_fraction": statistics.mean(statistics.mean(i.idle_fraction for i in r.stats.instances) for r in mine),
             "idle_fraction_per_instance": [statistics.mean(r.stats.instances[k].idle_fraction for r in mine)
                                            for k in range(len(mine[0].stats.instances))],
@@ -220,12 +274,27 @@ def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigR
         }
     return {
         "bench": "compare", "settings": asdict(s), "machine": platform.platform(), "cpus": os.cpu_count(),
-        "command": "python -m bench.compare " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(s).items()
-                                                          if v != getattr(CompareSettings(), k)),
+        "command": command_line(s),
         "configs": rows,
         "runs": [{"config": r.config, "repeat": r.repeat, "position": r.position, "stats": asdict(r.stats),
-                  "mean_acceptance_length": r.mean_acceptance_length} for r in runs],
+                  "mean_acceptance_length": r.mean_acceptance_length, "lengths": r.lengths} for r in runs],
     }
+
+
+def command_line(s: CompareSettings) -> str:
+    """The shortest command that reproduces `s`: its preset, then the flags that differ from it."""
+    base = preset_defaults(s.preset)
+    flags = [f"--preset {s.preset}"] if s.preset else []
+    flags += [f"--{k.replace('_', '-')} {v}" for k, v in asdict(s).items()
+              if k != "preset" and v != getattr(base, k)]
+    return " ".join(["python -m bench.compare", *flags])
+
+
+def tail_range(row: dict) -> str:
+    """' (min-max)' of the tail time over repeats; empty for rows summarized before it was recorded."""
+    if "tail_s_min" not in row:
+        return ""
+    return f" ({row['tail_s_min']:.1f}-{row['tail_s_max']:.1f})"
 
 
 def markdown(result: dict) -> str:
@@ -235,16 +304,56 @@ def markdown(result: dict) -> str:
         f"max {s['max_tokens']} tokens, chunk {s['chunk_size']}, {s['instances']} instances x 1 core, "
         f"{s['repeats']} repeats, order alternating; {result.get('elapsed_s', 0):.0f} s in all)",
         "",
-        "| configuration | output tok/s (min-max) | vs baseline (min-max) | wall s | tail s | idle | preemptions | chunks (migrated) | acceptance length |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| configuration | output tok/s (min-max) | vs baseline (min-max) | wall s | tail s (min-max) | idle | preemptions | chunks (migrated) | output tokens | acceptance length |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in result["configs"].items():
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
         mal = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
         lines.append(
             f"| {r['label']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) | {ratio} | "
-            f"{r['wall_s']:.1f} | {r['tail_s']:.1f} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | "
-            f"{r['chunks_dispatched']:.0f} ({r['chunks_migrated']:.0f}) | {mal} |"
+            f"{r['wall_s']:.1f} | {r['tail_s']:.1f}{tail_range(r)} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | "
+            f"{r['chunks_dispatched']:.0f} ({r['chunks_migrated']:.0f}) | {r['output_tokens']:.0f} | {mal} |"
+        )
+    return "\n".join(lines)
+
+
+def longest_cell(bs: list[dict]) -> str:
+    lrs = [b["total"]["longest_request"] for b in bs if b["total"].get("longest_request")]
+    if not lrs:
+        return "-"
+    m = lambda k: statistics.mean(lr[k] for lr in lrs)  # noqa: E731
+    return f"{m('first_dispatch_s'):.1f} / {m('finish_s'):.1f} ({m('between_chunks_s'):.1f})"
+
+
+def breakdown_markdown(result: dict) -> str:
+    """Where each configuration's time went (bench.breakdown), mean over repeats, from the runs'
+    stats: works on a fresh result and on a loaded compare.json alike."""
+    lines = [
+        "| configuration | busy | chunks in flight per instance | engine steps (max instance) | ms/step | "
+        "prefill computed / prompt tokens | chunk HTTP+API overhead ms | scheduler gap ms mean (p90) | preemptions | "
+        "longest request: first dispatch / done s (between chunks s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in result["configs"].items():
+        bs = [r["stats"]["extra"]["breakdown"] for r in result["runs"]
+              if r["config"] == name and "breakdown" in r["stats"].get("extra", {})]
+        if not bs:
+            continue
+
+        def mean(f):
+            return statistics.mean(f(b) for b in bs)
+
+        inst = lambda b: list(b["instances"].values())  # noqa: E731
+        lines.append(
+            f"| {row['label']} | {mean(lambda b: b['total']['busy_fraction']):.0%} | "
+            f"{mean(lambda b: statistics.mean(i['concurrency'] for i in inst(b))):.0f} | "
+            f"{mean(lambda b: max(i['engine_steps'] for i in inst(b))):.0f} | "
+            f"{mean(lambda b: statistics.mean(i['ms_per_step'] for i in inst(b))):.1f} | "
+            f"{mean(lambda b: b['total']['prefill_tokens_computed']):.0f} / {mean(lambda b: b['total']['prompt_tokens']):.0f} | "
+            f"{mean(lambda b: b['total']['http_overhead_ms_per_chunk']):.0f} | "
+            f"{mean(lambda b: b['total']['gap_mean_ms']):.0f} ({mean(lambda b: b['total']['gap_p90_ms']):.0f}) | "
+            f"{mean(lambda b: b['total']['preemptions']):.0f} | {longest_cell(bs)} |"
         )
     return "\n".join(lines)
 
@@ -299,15 +408,35 @@ def timeline_plot(series: list[tuple[str, list[dict]]], path: Path) -> None:
     plt.close(fig)
 
 
+def preset_defaults(preset: str) -> CompareSettings:
+    """The settings a `--preset` starts from (flags given next to it override them)."""
+    if preset and preset not in PRESETS:
+        raise ValueError(f"unknown --preset {preset!r}; known: {sorted(PRESETS)}")
+    return CompareSettings(**{**PRESETS.get(preset, {}), "preset": preset})
+
+
 def parse(argv: list[str] | None) -> CompareSettings:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default="")
+    known, _ = pre.parse_known_args(argv)
+    if known.preset and known.preset not in PRESETS:
+        pre.error(f"unknown --preset {known.preset!r}; known: {sorted(PRESETS)}")
+    d = preset_defaults(known.preset)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = CompareSettings()
     for f, v in asdict(d).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v,
+                        **({"choices": ["", *PRESETS]} if f == "preset" else {}))
     return CompareSettings(**vars(ap.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    if argv[:1] == ["--render"]:  # python -m bench.compare --render DIR: re-summarize a saved run
+        print(markdown(render(Path(argv[1]))))
+        return 0
     s = parse(argv)
     result = run(s, progress=lambda m: print(m, flush=True))
     print(markdown(result))

@@ -15,6 +15,7 @@ class BenchConfig:
     policy: str  # seer.scheduler policy name
     speculate: bool = False  # grouped speculative decoding (DGDS proposer)
     label: str = ""
+    chunk_size: int | None = None  # None: the benchmark's chunk size
 
     @property
     def oracle(self) -> bool:
@@ -33,11 +34,23 @@ BY_NAME = {c.name: c for c in LADDER}
 
 
 def select(names: str | None) -> list[BenchConfig]:
-    """Configurations by comma-separated name, in ladder order; None or 'all' = the whole ladder."""
+    """Configurations by comma-separated name, in ladder order; None or 'all' = the whole ladder.
+
+    `name@N` is that configuration with N-token chunks (e.g. `context@128,context@256`), listed
+    after the ladder's own, in the order given.
+    """
     if not names or names == "all":
         return list(LADDER)
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in BY_NAME]
+    unknown = [n for n in wanted if n.split("@", 1)[0] not in BY_NAME]
     if unknown:
-        raise ValueError(f"unknown configurations {unknown}; known: {list(BY_NAME)}")
-    return [c for c in LADDER if c.name in wanted]
+        raise ValueError(f"unknown configurations {unknown}; known: {list(BY_NAME)} (optionally name@chunk_size)")
+    out = [c for c in LADDER if c.name in wanted]
+    for n in wanted:
+        if "@" in n:
+            base, size = n.split("@", 1)
+            if not size.isdigit() or int(size) <= 0:
+                raise ValueError(f"{n!r}: the chunk size after @ must be a positive integer")
+            c = BY_NAME[base]
+            out.append(BenchConfig(n, c.policy, c.speculate, f"{c.label}, chunk {size}", int(size)))
+    return out
