@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bench.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
+
 LengthKey = tuple[int, int]  # (group_id, sample_index)
 
 
@@ -88,10 +90,11 @@ class Workload:
     max_tokens: int
     mean_tokens: float
     prompt_tokens: int
-    kv_capacity_tokens: int  # per instance
-    max_num_seqs: int  # per instance (vLLM's batch limit)
+    kv_capacity_tokens: int  # per instance (all its DP ranks together)
+    max_num_seqs: int  # per engine: per instance, or per rank under DP attention (vLLM's batch limit)
     chunk_size: int
     gpus_per_instance: int = 1  # the step-time model's variable terms are divided by this
+    dp_ranks: int = 1  # data-parallel attention ranks per instance, each with its own KV pool
     truncated: float = 0.05  # share of responses that reach max_tokens
     icc: float = 0.6  # intraclass correlation of log-lengths within a group
     token_unit: int = 1
@@ -116,23 +119,41 @@ class Workload:
         return replace(self, instances=inst, groups=max(1, round(self.groups * f)), paper_scale=self.paper_scale * f)
 
 
-# Paper Table 3. KV capacities are estimates from the model and GPU sizes (H800, 80 GB): what is
-# left after bf16/fp8 weights divided by the KV bytes per token; see docs/bench.md.
+# Memory left to vLLM on the paper's clusters (docs/bench.md, "Memory"). The paper publishes one
+# number that pins it: its Qwen2-VL-72B baseline preempts 13,686 times in one iteration.
+# `python -m bench.sim.calibrate` finds the KV capacity per instance at which the simulated baseline
+# does the same (bench/results/sim_calibration.md); it corresponds to vLLM being given this share of
+# each GPU's memory (weights + KV; activations not counted), near veRL's default rollout setting
+# (gpu_memory_utilization 0.5).
+QWEN2VL72B_KV_CALIBRATED = 626_880  # tokens per TP8 instance
+ROLLOUT_MEMORY_FRACTION = memory_fraction_for(MODELS["qwen2vl72b"], 8, QWEN2VL72B_KV_CALIBRATED)
+# Nothing published pins Moonlight's or Kimi-K2's memory. Moonlight: the same share of GPU memory
+# as the calibrated Qwen2-VL-72B runs (same cluster, same veRL baseline). Kimi-K2: that share
+# barely holds its weights (43.7 GB of FP8 per GPU under DP32/EP32 attention, which replicates the
+# non-expert layers on every rank) and leaves each rank ~2K KV tokens, not one 98K-token response
+# (vLLM refuses to start so), so its deployment must have given vLLM more; vLLM's own default
+# (gpu_memory_utilization 0.9) is assumed.
+KIMI_K2_MEMORY_FRACTION = 0.9
+
+# Paper Table 3. GPUs per instance and parallelism as published: Moonlight 1 GPU, Qwen2-VL-72B TP8
+# (one KV pool sharded by heads), Kimi-K2 DP32/EP32 (32 attention ranks, each its own KV pool).
+# max_num_seqs 1024 per engine: veRL's rollout default and vLLM's own on 80 GB GPUs.
 PAPER_WORKLOADS: dict[str, Workload] = {
     "moonlight": Workload(
         "moonlight", instances=32, groups=400, group_size=8, max_tokens=65536, mean_tokens=22386,
-        prompt_tokens=1024, kv_capacity_tokens=1_300_000, max_num_seqs=256, chunk_size=8192,
-        gpus_per_instance=1, token_unit=64,
+        prompt_tokens=1024, kv_capacity_tokens=kv_capacity_tokens(MODELS["moonlight"], 1, ROLLOUT_MEMORY_FRACTION),
+        max_num_seqs=1024, chunk_size=8192, gpus_per_instance=1, token_unit=64,
     ),
     "qwen2vl72b": Workload(
         "qwen2vl72b", instances=16, groups=600, group_size=16, max_tokens=40960, mean_tokens=7615,
-        prompt_tokens=1024, kv_capacity_tokens=1_400_000, max_num_seqs=256, chunk_size=8192,
+        prompt_tokens=1024, kv_capacity_tokens=QWEN2VL72B_KV_CALIBRATED, max_num_seqs=1024, chunk_size=8192,
         gpus_per_instance=8, token_unit=32, temperature=0.8,
     ),
     "kimik2": Workload(
         "kimik2", instances=8, groups=800, group_size=8, max_tokens=98304, mean_tokens=38959,
-        prompt_tokens=1024, kv_capacity_tokens=17_000_000, max_num_seqs=1024, chunk_size=8192,
-        gpus_per_instance=32, token_unit=128,
+        prompt_tokens=1024,
+        kv_capacity_tokens=kv_capacity_tokens(MODELS["kimik2"], 32, KIMI_K2_MEMORY_FRACTION, dp_ranks=32),
+        max_num_seqs=1024, chunk_size=8192, gpus_per_instance=32, dp_ranks=32, token_unit=128,
     ),
 }
 

@@ -17,10 +17,20 @@ numbers, at their peaks (no efficiency factor, nothing fitted to the paper's res
                                                                 per step, however many positions)
     prefill     = per_token                                    (recompute is compute-bound)
 
+Data-parallel attention (Kimi-K2's DP32/EP32): every rank holds a full copy of the non-expert
+weights (attention, dense layers, shared experts, embeddings) and 1/ranks of the routed experts,
+so a GPU reads more than weights / GPUs per step and has less memory left for KV.
+
+Attention compute with several query positions (speculative verification): attention reads each
+context token's KV once per step, but computes on it once per query position. Its arithmetic
+intensity is `attn_flops_per_kv_byte` per position (MLA: ~2 x query heads, FlashMLA's published
+analysis; GQA: query heads / KV heads), so with p positions it stays memory-bound while
+p x intensity is below the GPU's ridge point (BF16 FLOPS / bandwidth) and costs
+p x intensity / ridge times the memory-bound time above it (`attention_multiplier`).
+
 Not modelled: tensor-parallel all-reduces and expert-parallel all-to-all (both add per-step and
-per-token time), attention FLOPs (decode with GQA/MLA and a few query positions stays below the
-H800's ridge point), kernel efficiency below peak. `python -m bench.sim --step-model roofline`
-uses it; the default stays the measured model.
+per-token time), the quadratic attention FLOPs of a long prefill, kernel efficiency below peak.
+`python -m bench.sim --step-model roofline` uses it; the default stays the measured model.
 """
 
 from __future__ import annotations
@@ -35,10 +45,18 @@ class Gpu:
     name: str
     hbm_bytes_per_s: float
     flops: dict[str, float]  # peak dense FLOPS by weight dtype
+    memory_bytes: float
+
+    @property
+    def attention_ridge(self) -> float:
+        """FLOPs per byte above which attention (BF16, whatever the weights' dtype) is compute-bound."""
+        return self.flops["bf16"] / self.hbm_bytes_per_s
 
 
-# NVIDIA H800 SXM5 (the paper's GPU): HBM3 3.35 TB/s; dense BF16 989 TFLOPS, FP8 1979 TFLOPS.
-H800 = Gpu("H800 SXM5", 3.35e12, {"bf16": 989e12, "fp8": 1979e12})
+# NVIDIA H800 SXM5 (the paper's GPU): HBM3 at 3.35 TB/s; dense BF16 989 TFLOPS, FP8 1979 TFLOPS;
+# "80 GB" is 81559 MiB as nvidia-smi and torch report it for the 80 GB H100/H800 SXM5, the total
+# vLLM's gpu_memory_utilization is a fraction of.
+H800 = Gpu("H800 SXM5", 3.35e12, {"bf16": 989e12, "fp8": 1979e12}, 81559 * 2**20)
 
 
 @dataclass(frozen=True)
@@ -48,10 +66,19 @@ class ModelSpec:
     active_params: float  # per token (MoE: shared + routed experts)
     weight_dtype: str  # "bf16" | "fp8"
     kv_bytes_per_token: int  # all layers, bf16 KV cache
+    attn_flops_per_kv_byte: float  # attention FLOPs per KV byte read, per query position
+    # Under data-parallel attention: the parameters every rank holds in full (all but the routed
+    # experts), and those of them a token activates (computed on the token's own rank).
+    replicated_params: float = 0.0
+    replicated_active_params: float = 0.0
+
+    @property
+    def bytes_per_param(self) -> int:
+        return 1 if self.weight_dtype == "fp8" else 2
 
     @property
     def weight_bytes(self) -> float:
-        return self.total_params * (1 if self.weight_dtype == "fp8" else 2)
+        return self.total_params * self.bytes_per_param
 
 
 def _mla(layers: int, kv_lora_rank: int = 512, rope_dim: int = 64) -> int:
@@ -59,34 +86,98 @@ def _mla(layers: int, kv_lora_rank: int = 512, rope_dim: int = 64) -> int:
     return layers * (kv_lora_rank + rope_dim) * 2
 
 
+def _mla_intensity(heads: int, kv_lora_rank: int = 512, rope_dim: int = 64) -> float:
+    """MLA decode (absorbed): per query position and context token each head computes
+    2 x (latent + rope) FLOPs for QK and 2 x latent for PV over (latent + rope) x 2 bytes of KV:
+    ~2 x heads FLOPs per byte (FlashMLA's analysis: compute-bound once heads x positions >= 128
+    on an H800)."""
+    return heads * 2 * ((kv_lora_rank + rope_dim) + kv_lora_rank) / ((kv_lora_rank + rope_dim) * 2)
+
+
 def _gqa(layers: int, kv_heads: int, head_dim: int) -> int:
     return layers * 2 * kv_heads * head_dim * 2
 
 
-# Model cards and configs: Moonlight-16B-A3B (DeepSeek-V3 architecture, 27 layers, MLA),
-# Qwen2-VL-72B (its Qwen2-72B language model: 80 layers, 8 KV heads of 128), Kimi-K2 (1.04T
-# total, 32B active, 61 layers, MLA, released in FP8).
+def _gqa_intensity(q_heads: int, kv_heads: int) -> float:
+    """GQA: 4 x q_heads x head_dim FLOPs (QK and PV) per 4 x kv_heads x head_dim bytes (K and V, bf16)."""
+    return q_heads / kv_heads
+
+
+# Kimi-K2's split under DP attention, from its config (hidden 7168, 61 layers, the first dense with
+# an 18432 FFN, MLA with 64 heads, q_lora 1536, kv_lora 512; 384 routed experts of 2048, 8 active,
+# 1 shared; vocabulary 163840): attention 6.17B + dense FFN 0.40B + shared experts 2.64B +
+# embedding and LM head 2 x 1.17B = 11.56B held by every rank; of a token's 31.5B active, 10.38B
+# (all but the 8 routed experts) run on its own rank.
+KIMI_K2_REPLICATED = 11.56e9
+KIMI_K2_REPLICATED_ACTIVE_SHARE = 10.38 / 31.52
+
+# Model cards and configs: Moonlight-16B-A3B (DeepSeek-V3 architecture, 27 layers, MLA with 16
+# heads), Qwen2-VL-72B (its Qwen2-72B language model: 80 layers, 64 query heads, 8 KV heads of
+# 128), Kimi-K2 (1.04T total, 32B active, 61 layers, MLA with 64 heads, released in FP8).
 MODELS: dict[str, ModelSpec] = {
-    "moonlight": ModelSpec("Moonlight-16B-A3B", 16e9, 3e9, "bf16", _mla(27)),
-    "qwen2vl72b": ModelSpec("Qwen2-VL-72B", 72.7e9, 72.7e9, "bf16", _gqa(80, 8, 128)),
-    "kimik2": ModelSpec("Kimi-K2", 1.04e12, 32e9, "fp8", _mla(61)),
+    "moonlight": ModelSpec("Moonlight-16B-A3B", 16e9, 3e9, "bf16", _mla(27), _mla_intensity(16)),
+    "qwen2vl72b": ModelSpec("Qwen2-VL-72B", 72.7e9, 72.7e9, "bf16", _gqa(80, 8, 128), _gqa_intensity(64, 8)),
+    "kimik2": ModelSpec("Kimi-K2", 1.04e12, 32e9, "fp8", _mla(61), _mla_intensity(64),
+                        replicated_params=KIMI_K2_REPLICATED,
+                        replicated_active_params=32e9 * KIMI_K2_REPLICATED_ACTIVE_SHARE),
 }
 
 
-def roofline(model: ModelSpec, gpus: int, gpu: Gpu = H800) -> StepModel:
-    """Per-instance step model for `model` spread over `gpus` GPUs (TP or DP+EP: work splits evenly)."""
+def weight_bytes_per_gpu(model: ModelSpec, gpus: int, dp_ranks: int = 1) -> float:
+    """Weights each GPU holds (and reads every step): an even share under tensor parallelism; under
+    data-parallel attention over the same GPUs, the replicated part in full plus 1/gpus of the rest."""
+    if dp_ranks <= 1:
+        return model.weight_bytes / gpus
+    return (model.replicated_params + (model.total_params - model.replicated_params) / gpus) * model.bytes_per_param
+
+
+def kv_capacity_tokens(model: ModelSpec, gpus: int, memory_fraction: float, dp_ranks: int = 1,
+                       gpu: Gpu = H800) -> int:
+    """KV tokens an instance holds when vLLM may use `memory_fraction` of each GPU's memory
+    (`gpu_memory_utilization`): what the weights leave, over the KV bytes per token. Under tensor
+    parallelism every GPU holds a slice of every token's KV; under DP attention each rank holds
+    whole tokens of its own requests, so the instance's total is dp_ranks pools of a GPU's leftover.
+    Activation and CUDA-graph memory are not subtracted."""
+    left = memory_fraction * gpu.memory_bytes - weight_bytes_per_gpu(model, gpus, dp_ranks)
+    if left <= 0:
+        raise ValueError(f"{model.name} on {gpus} GPUs (DP {dp_ranks}): weights exceed "
+                         f"{memory_fraction:.2f} of {gpu.memory_bytes / 1e9:.0f} GB")
+    return int(left * gpus / model.kv_bytes_per_token)
+
+
+def memory_fraction_for(model: ModelSpec, gpus: int, kv_tokens: float, dp_ranks: int = 1, gpu: Gpu = H800) -> float:
+    """Inverse of kv_capacity_tokens: the gpu_memory_utilization that leaves `kv_tokens` per instance."""
+    return (kv_tokens * model.kv_bytes_per_token / gpus + weight_bytes_per_gpu(model, gpus, dp_ranks)) / gpu.memory_bytes
+
+
+def attention_ridge_positions(model: ModelSpec, gpu: Gpu = H800) -> float:
+    """Query positions per request beyond which decode attention is compute-bound on `gpu`."""
+    return gpu.attention_ridge / model.attn_flops_per_kv_byte
+
+
+def dp_local_share(model: ModelSpec) -> float:
+    """Share of a token's per-position compute done on its own DP-attention rank (the rest, the
+    routed experts, is spread over every GPU by expert parallelism). 1.0 without DP attention."""
+    return model.replicated_active_params / model.active_params if model.replicated_active_params else 1.0
+
+
+def roofline(model: ModelSpec, gpus: int, gpu: Gpu = H800, dp_ranks: int = 1) -> StepModel:
+    """Per-instance step model for `model` spread over `gpus` GPUs, with the work of a balanced
+    batch split evenly; each GPU reads its own weights every step (more than weights / gpus under
+    DP attention, which replicates the non-expert layers)."""
     per_token = 2.0 * model.active_params / (gpus * gpu.flops[model.weight_dtype])
     return StepModel(
-        fixed_s=model.weight_bytes / gpus / gpu.hbm_bytes_per_s,
+        fixed_s=weight_bytes_per_gpu(model, gpus, dp_ranks) / gpu.hbm_bytes_per_s,
         per_token_s=per_token,
         per_context_s=model.kv_bytes_per_token / (gpus * gpu.hbm_bytes_per_s),
         prefill_per_token_s=per_token,
     )
 
 
-def describe(name: str, gpus: int, gpu: Gpu = H800) -> str:
+def describe(name: str, gpus: int, gpu: Gpu = H800, dp_ranks: int = 1) -> str:
     m = MODELS[name]
-    s = roofline(m, gpus, gpu)
-    return (f"{m.name} on {gpus} x {gpu.name} (roofline): step = {s.fixed_s * 1e3:.2f} ms + "
+    s = roofline(m, gpus, gpu, dp_ranks)
+    dp = f" (DP attention over {dp_ranks} ranks)" if dp_ranks > 1 else ""
+    return (f"{m.name} on {gpus} x {gpu.name}{dp} (roofline): step = {s.fixed_s * 1e3:.2f} ms + "
             f"{s.per_token_s * 1e6:.2f} us/token + {s.per_context_s * 1e9:.3f} ns/context-token; "
             f"prefill {s.prefill_per_token_s * 1e6:.2f} us/token")

@@ -56,6 +56,7 @@ def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSetting
             "idle_fraction": statistics.mean(statistics.mean(i.idle_fraction for i in s.instances) for s in st),
             "preemptions": statistics.mean(s.preemptions for s in st),
             "chunks_migrated": statistics.mean(s.extra.get("chunks_migrated", 0) for s in st),
+            "pool_loads": statistics.mean(s.extra.get("pool_loads", 0) for s in st),
             "longest_queued_s": statistics.mean(s.extra["longest_queued_s"] for s in st),
             "mean_acceptance_length": runs[0].mean_acceptance_length,
             "paper": PAPER_TABLE4[name].get(c.name),
@@ -87,14 +88,19 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
     lines = [f"`{command}`", "", head, ""]
     for name, res in results.items():
         w = res["workload"]
+        pools = (f", {w['dp_ranks']} DP-attention ranks of {w['kv_capacity_tokens'] // w['dp_ranks']:,} each"
+                 if w.get("dp_ranks", 1) > 1 else "")
         lines += [
             f"### {name}: {w['instances']} instances, {w['groups']} groups x G={w['group_size']}, "
             f"max {w['max_tokens']} / mean {w['mean_tokens']} tokens (scale {w['paper_scale']:g} of the paper), "
             f"seeds {res['seeds']}",
             "",
+            f"KV per instance {w['kv_capacity_tokens']:,} tokens{pools}; max_num_seqs {w['max_num_seqs']} per engine "
+            f"(bench/results/sim_calibration.md says where the memory comes from).",
+            "",
             *([f"Step model: {res['step_model']}", ""] if roofline else []),
-            "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | preemptions | migrated chunks | acceptance length |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | preemptions | migrated chunks | prefix loads from the pool | acceptance length |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c, r in res["configs"].items():
             paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
@@ -103,7 +109,8 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
             queued = "-" if c == "baseline" else f"{r['longest_queued_s']:.0f}"
             lines.append(
                 f"| {r['label']} | {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {paper} | "
-                f"{r['tail_s']:.0f} | {queued} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | {mal} |"
+                f"{r['tail_s']:.0f} | {queued} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | "
+                f"{r['pool_loads']:.0f} | {mal} |"
             )
         findings = res.get("findings") or []
         lines += ["", "Bar (each step >= previous; full Seer within +-25% of the paper): "
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         scale = args.scale if args.scale is not None else DEFAULT_SCALE.get(name, 1.0)
         res = run_scenario(name, scale, seeds, settings, configs)
         if roofline:
-            res["step_model"] = describe_roofline(name, PAPER_WORKLOADS[name].gpus_per_instance)
+            w = PAPER_WORKLOADS[name]
+            res["step_model"] = describe_roofline(name, w.gpus_per_instance, dp_ranks=w.dp_ranks)
         res["findings"] = check(res)
         res["elapsed_s"] = time.perf_counter() - t0
         results[name] = res

@@ -23,14 +23,12 @@ from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
 
 from bench.configs import BenchConfig
-from bench.sim.hardware import MODELS
+from bench.sim.hardware import MODELS, attention_ridge_positions, dp_local_share
 from bench.sim.hardware import roofline as roofline_step
-from bench.sim.instance import SimInstance, SimSeq
+from bench.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
 from bench.sim.speculation import AcceptanceTable
 from bench.sim.step_model import StepModel
 from bench.workloads import LengthKey, Workload
-
-POOL_VS_PREFILL = 0.09  # KV-pool load time / recompute time per token, measured in docs/kvpool.md
 
 
 @dataclass(frozen=True)
@@ -45,8 +43,21 @@ class SimSettings:
     def instance_step(self, workload: Workload) -> StepModel:
         """The step model of one of `workload`'s instances."""
         if self.roofline:
-            return roofline_step(MODELS[workload.name], workload.gpus_per_instance)
+            return roofline_step(MODELS[workload.name], workload.gpus_per_instance, dp_ranks=workload.dp_ranks)
         return self.step.parallel(workload.gpus_per_instance)
+
+    @staticmethod
+    def attention_ridge(workload: Workload) -> float:
+        """Query positions beyond which the paper's model's attention is compute-bound on an H800
+        (either step model: it is the model's and the GPU's, not the step fit's); none otherwise."""
+        m = MODELS.get(workload.name)
+        return attention_ridge_positions(m) if m else math.inf
+
+    @staticmethod
+    def local_share(workload: Workload) -> float:
+        """Under DP attention, the share of a position's compute done on its own rank."""
+        m = MODELS.get(workload.name)
+        return dp_local_share(m) if m and workload.dp_ranks > 1 else 1.0
 
 
 @dataclass
@@ -65,7 +76,8 @@ def _units(tokens: float, unit: int) -> int:
 
 def pool_load_s(step: StepModel, context_units: float, unit: int, pool_vs_prefill: float) -> float:
     """Loading a migrated prefix from the KV pool: `pool_vs_prefill` of recomputing it on the
-    chunk's instance (`step` is that instance's model, spread over its devices)."""
+    chunk's instance (`step` is that instance's model, spread over its devices). SimInstance
+    times it so (and, under DP attention, at the receiving rank's recompute time)."""
     return pool_vs_prefill * step.prefill_s(context_units * unit)
 
 
@@ -90,7 +102,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     sched = SchedulerConfig(
         policy=config.policy, chunk_size=_units(workload.chunk_size, u), block_size=1,
         affinity_gap_tokens=_units(512, u), kv_capacity_tokens=cap,
-        max_running=workload.max_num_seqs,
+        max_running=workload.max_num_seqs * workload.dp_ranks,
     )
     told = hidden if oracle_lengths is None else oracle_lengths
     policy = sched.build_policy({k: _units(v, u) for k, v in told.items()} if config.oracle else None)
@@ -101,7 +113,10 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
                       policy, names, kv_capacity_tokens=cap)
     step = settings.instance_step(workload)
     insts = {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=config.speculate,
-                            gamma_max=settings.gamma_max, block=max(16 / u, 1e-3)) for n in names}
+                            gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
+                            local_share=settings.local_share(workload),
+                            ridge_positions=settings.attention_ridge(workload),
+                            pool_vs_prefill=settings.pool_vs_prefill) for n in names}
     heap: list[tuple[float, int, str]] = []
     version = {n: 0 for n in names}
 
@@ -124,9 +139,9 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
             goal = max(0, min(ticket.max_tokens, remaining))
             context = len(ticket.generate.prompt_ids)
             prefill = context if ticket.chunk_index == 0 else 0.0
-            load = pool_load_s(step, context, u, settings.pool_vs_prefill) if ticket.migrated else 0.0
-            seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, load, float(prefill),
-                         probe=req.sample_index == 0)
+            # A migrated chunk's prefix load is timed by the instance (on the rank it lands on).
+            seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, 0.0, float(prefill),
+                         probe=req.sample_index == 0, migrated=ticket.migrated)
             if config.speculate:
                 seq.accept = settings.acceptance.accept_rate(_references(disp, ticket))
             insts[ticket.instance].submit(seq, now)
@@ -162,6 +177,8 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     stats.extra["token_unit"] = u
     stats.extra["mean_acceptance_length"] = mal
     stats.extra["longest_queued_s"] = longest_queued_s(disp.events, hidden)
+    stats.extra["pool_loads"] = sum(i.pool_loads for i in insts.values())
+    stats.extra["dp_ranks"] = workload.dp_ranks
     return SimRun(config.name, stats, mal, time.perf_counter() - t0, time.process_time() - c0, first_dispatch)
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from seer.dgds.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
 
 from bench.sim.step_model import StepModel
@@ -68,22 +69,39 @@ class AcceptanceTable:
         return cls(lengths, int(d.get("spec_tokens", 8)), f"measured here ({Path(path).name})")
 
 
+def attention_multiplier(positions: int, ridge_positions: float) -> float:
+    """Attention time with `positions` query positions per request, relative to one.
+
+    Decode attention reads each context token's KV once per step whatever the number of query
+    positions, and computes on it once per position: memory-bound (1x) while the positions stay
+    below the GPU's ridge point for the model's attention (`bench.sim.hardware.
+    attention_ridge_positions`), compute-bound (positions / ridge) beyond it.
+    """
+    return max(1.0, positions / ridge_positions)
+
+
 def plan(step: StepModel, unit: int, context: float, high: Sequence[float], low: Sequence[float],
-         gamma_max: int = 8, lam: float = 2.0) -> DraftLengths:
+         gamma_max: int = 8, lam: float = 2.0, ridge_positions: float = math.inf) -> DraftLengths:
     """Algorithm 1 for one step of one instance (rates of the probe and other requests).
 
     The cost model is the simulator's own step model: verifying g drafts for B requests computes
-    B * (g + 1) positions; drafting costs the DGDS lookup per drafted token.
+    B * (g + 1) positions and attends over the batch's context at the attention multiplier of
+    g + 1 positions; drafting costs the DGDS lookup per drafted token.
     """
     if not high and not low:
         return DraftLengths(0, 0)
-    rates = np.fromiter((*high, *low), dtype=float)
-    a = float(rates.mean())
-    powers = rates[None, :] ** np.arange(gamma_max + 2)[:, None]  # beta[i] = mean a^i (a prefix of i accepted)
-    beta = powers.mean(axis=1).tolist()
+    # beta[i] = mean a^i (a prefix of i accepted); rates take a few distinct values (Table 2's rows),
+    # so sum over them with their counts (this runs once per rank per event: the simulator's hot path).
+    counts = Counter(high)
+    counts.update(low)
+    n = len(high) + len(low)
+    beta = [sum(c * r ** i for r, c in counts.items()) / n for i in range(gamma_max + 2)]
+    a = beta[1]
+    ctx = context * unit
+    attn = [attention_multiplier(g + 1, ridge_positions) for g in range(gamma_max + 1)]
 
     def verify(b: int, g: int) -> float:
-        return step.step_s(b * (g + 1) * 1.0, context * unit)
+        return step.step_s(b * (g + 1) * 1.0, ctx * attn[g])
 
     def draft(b: int, g: int) -> float:
         return b * g * DRAFT_US_PER_TOKEN
