@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from seer.dgds.acceptance_sim import merge, ngram_accepted_at, replay, tree_acce
 from seer.dgds.types import DraftParams
 
 MODES = {"linear": 1, "k=2": 2, "k=4": 4}
+UNSPLIT_PREFILL = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
 
 
 def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: int, cache: Path, seed: int) -> dict:
@@ -46,8 +48,11 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
     path = str(ensure_model(model))
     tok = AutoTokenizer.from_pretrained(path)
     prompts = encode_prompts(load_task(TaskConfig(num_prompts=n_prompts, seed=seed)).records, tok, 4096)
-    spec = InstanceSpec("streams", path, free_port(), cpus="0", max_model_len=2048,
-                        kv_cache_bytes=128 << 20, max_num_seqs=64)
+    # No chunked prefill: vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") on a
+    # seeded request whose prefill is split over steps, which the default model's prompts are.
+    max_model_len = max(2048, max(len(p.prompt_ids) for p in prompts) + max_tokens)
+    spec = InstanceSpec("streams", path, free_port(), cpus="0", max_model_len=max_model_len,
+                        kv_cache_bytes=128 << 20, max_num_seqs=64, extra_args=UNSPLIT_PREFILL)
     print(f"generating {n_prompts}x{group_size} responses with vLLM (start-up takes a minute or two)")
     with InstancePool.launch([spec], cache.parent / "logs") as pool:
         client = pool.clients[0]
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [len(r) for g in groups for r in g]
     result = {
         "bench": "dgds_acceptance",
-        "command": "python bench/dgds_acceptance.py " + " ".join(argv or []),
+        "command": "python bench/dgds_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": data.get("model", args.model),
         "prompts": len(groups), "group_size": G, "responses": n_resp,
         "mean_response_tokens": round(sum(lengths) / max(1, len(lengths)), 1),

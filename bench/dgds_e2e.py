@@ -9,6 +9,10 @@ Same prompts, same per-request seeds, three ways:
 Both instances start together (one core each); the phases then run one after the other. With
 ``--probe-first`` each group's sample 0 runs before its siblings (Seer's context-aware order), so
 siblings can draft from a finished response; by default all G samples run at once.
+``--repeats N`` runs the three phases N times, in alternating order (group, per-request, none;
+then none, per-request, group; ...), each repeat with fresh request ids (fresh group trees), and
+reports the totals plus each row's tokens/s relative to ``none`` of the same repeat (median over
+repeats): on a machine shared with other jobs the ratio is what to read, not the absolute rate.
 Acceptance length is vLLM's own: 1 + accepted / drafts from the /metrics counter deltas of a phase.
 Writes bench/results/dgds_e2e.{json,md,png}.
 """
@@ -18,7 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +59,12 @@ class PhaseResult:
     def mean_acceptance_length(self) -> float | None:
         """Tokens per verification step of requests that were drafted for (bonus included)."""
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    @staticmethod
+    def total(name: str, parts: list[PhaseResult]) -> PhaseResult:
+        return PhaseResult(name, sum(p.wall_s for p in parts), sum(p.output_tokens for p in parts),
+                           sum(p.requests for p in parts), sum(p.drafts for p in parts),
+                           sum(p.draft_tokens for p in parts), sum(p.accepted_tokens for p in parts))
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -106,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="dgds_e2e", help="stem of the result files")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the three phases this many times, alternating their order (fresh ids each time)")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -122,55 +137,75 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dgds = DgdsServer("127.0.0.1", 0).start()
-    common = dict(max_model_len=2048, kv_cache_bytes=128 << 20, max_num_seqs=max(64, args.prompts * args.group_size))
+    max_model_len = max(2048, max(len(p.prompt_ids) for p in prompts) + args.max_tokens)
+    common = dict(max_model_len=max_model_len, kv_cache_bytes=128 << 20, max_num_seqs=max(64, args.prompts * args.group_size))
+    # No chunked prefill: vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") on a
+    # seeded request whose prefill is split over steps (the default model's prompts, 64 at once).
+    unsplit = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
     specs = [
         InstanceSpec("spec", model, free_port(), cpus="0", **common,
-                     extra_args=("--speculative-config", speculative_config(args.spec_tokens)),
+                     extra_args=(*unsplit, "--speculative-config", speculative_config(args.spec_tokens)),
                      env={"SEER_DGDS_ADDRESS": dgds.address}),
-        InstanceSpec("plain", model, free_port(), cpus="1", **common),
+        InstanceSpec("plain", model, free_port(), cpus="1", **common, extra_args=unsplit),
     ]
     print("starting two vLLM instances (a minute or two)", flush=True)
     try:
         with InstancePool.launch(specs, out / "logs" / args.name) as pool:
             spec_client, plain_client = pool.clients
 
-            async def run() -> list[PhaseResult]:
+            async def run() -> list[list[PhaseResult]]:
                 kw = dict(prompts=prompts, group_size=args.group_size, max_tokens=args.max_tokens,
                           temperature=args.temperature, seed=args.seed, probe_first=args.probe_first)
+                rows = [("group", spec_client, "e2e-grp-"), ("per-request", spec_client, "solo-e2e-req-"),
+                        ("none", plain_client, "e2e-none-")]
+                repeats = []
                 with Progress() as progress:
-                    phases = [
-                        await run_phase(spec_client, "group", "e2e-grp-", progress=progress, **kw),
-                        await run_phase(spec_client, "per-request", "solo-e2e-req-", progress=progress, **kw),
-                        await run_phase(plain_client, "none", "e2e-none-", progress=progress, **kw),
-                    ]
+                    for r in range(args.repeats):
+                        tag = f"rep{r}-" if args.repeats > 1 else ""
+                        order = rows if r % 2 == 0 else rows[::-1]
+                        done = {name: await run_phase(client, name + (f" #{r}" if tag else ""), prefix + tag,
+                                                      progress=progress, **kw)
+                                for name, client, prefix in order}
+                        repeats.append([done[name] for name, _, _ in rows])
                 await pool.aclose_clients()
-                return phases
+                return repeats
 
-            phases = asyncio.run(run())
+            repeats = asyncio.run(run())
     finally:
         dgds.stop(0.5)
+    names = ["group", "per-request", "none"]
+    phases = [PhaseResult.total(n, [rep[i] for rep in repeats]) for i, n in enumerate(names)]
+    # tokens/s of each row relative to `none` in the same repeat, median over repeats
+    ratios = {n: statistics.median(rep[i].tokens_per_s / rep[2].tokens_per_s for rep in repeats)
+              for i, n in enumerate(names)}
 
     result = {
         "bench": "dgds_e2e",
-        "command": "python bench/dgds_e2e.py " + " ".join(argv or []),
+        "command": "python bench/dgds_e2e.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": model, "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "spec_tokens": args.spec_tokens, "probe_first": args.probe_first,
-        "phases": [p.as_dict() for p in phases], "machine": platform.platform(),
+        "repeats": args.repeats, "phases": [p.as_dict() for p in phases],
+        "tokens_per_s_vs_none": {n: round(r, 3) for n, r in ratios.items()},
+        "per_repeat": [[p.as_dict() for p in rep] for rep in repeats],
+        "load_average": list(os.getloadavg()), "machine": platform.platform(),
     }
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         f"{args.prompts} groups x G={args.group_size} of `{args.model}`, max {args.max_tokens} tokens, temperature "
         f"{args.temperature}, gamma_max={args.spec_tokens}, {'probe first' if args.probe_first else 'all samples at once'}; "
-        "one vLLM CPU instance (1 core) per row.",
+        "one vLLM CPU instance (1 core) per row"
+        + (f"; {args.repeats} repeats in alternating order, totals over them" if args.repeats > 1 else "")
+        + f"; load average {os.getloadavg()[0]:.1f} at the end.",
         "",
-        "| drafting | output tokens/s | mean acceptance length | acceptance rate | output tokens | wall s |",
-        "|---|---|---|---|---|---|",
+        "| drafting | output tokens/s | vs none | mean acceptance length | acceptance rate | output tokens | wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         d = p.as_dict()
         mal = "-" if d["mean_acceptance_length"] is None else f"{d['mean_acceptance_length']:.2f}"
         rate = "-" if d["acceptance_rate"] is None else f"{d['acceptance_rate']:.3f}"
-        md.append(f"| {p.name} | {p.tokens_per_s:.1f} | {mal} | {rate} | {p.output_tokens} | {p.wall_s:.1f} |")
+        md.append(f"| {p.name} | {p.tokens_per_s:.1f} | {ratios[p.name]:.2f}x | {mal} | {rate} | {p.output_tokens} "
+                  f"| {p.wall_s:.1f} |")
     (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     plot(phases, out / f"{args.name}.png")
     print("\n".join(md))
