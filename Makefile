@@ -30,7 +30,7 @@ run: install
 	LD_PRELOAD=$(IOMP) $(BIN)/seer-run --sync
 
 test: install
-	LD_PRELOAD=$(IOMP) $(BIN)/python -m pytest -q -ra
+	LD_PRELOAD=$(IOMP) $(BIN)/python -m pytest -q -ra --durations=25
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
