@@ -71,7 +71,7 @@ PRESETS: dict[str, ModelPreset] = {
             tokens_per_batch=1024,
             lr=3e-3,
             offset_heads=(LINE, LINE, LINE - 1, LINE + 1, 1, 2, 3, 4),
-            restate_fraction=0.3,
+            restate_fraction=0.5,
         ),
     ),
     # For tests: builds in seconds, still emits task-shaped traces that end with EOS.

@@ -11,7 +11,7 @@ Why this task: it is shaped like a reasoning rollout at a size two CPU cores can
   ("=0373"), so each step depends only on the line above it, at fixed offsets. A small model
   learns that from a short warm start, and still slips on borrows (partial reward).
 - A response is steps only. The default model's warm-start demonstrations restate the start
-  line first 30% of the time (`WarmStartSpec.restate_fraction`), which scores 0: a habit GRPO
+  line first half of the time (`WarmStartSpec.restate_fraction`), which scores 0: a habit GRPO
   unlearns within a few iterations, so a short run shows the reward rising.
 
 Trace format (prompt, then one line per step; the response ends with EOS after "=0000")::
