@@ -1,6 +1,6 @@
 """Grouped speculative decoding, offline: mean acceptance length on real groups (Seer Table 2 shape).
 
-    python bench/dgds_acceptance.py [--model tiny] [--prompts 12] [--group-size 8] [--max-tokens 384]
+    python bench/dgds_acceptance.py [--model tiny|default|DIR] [--prompts 12] [--group-size 8] [--max-tokens 384]
 
 1. Token streams: G responses per prompt of our task, sampled by our model with vLLM (no
    speculation, temperature 1.0), cached under ~/.cache/seer/bench/ so reruns skip generation.
@@ -39,13 +39,13 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
         return json.loads(cache.read_text())
     from transformers import AutoTokenizer
 
-    from seer.model import ensure_model
+    from seer.model import resolve_model
     from seer.rollout.instance import InstanceSpec, free_port
     from seer.rollout.pool import InstancePool
     from seer.rollout.types import GenerateRequest, SamplingParams
     from seer.tasks import TaskConfig, encode_prompts, load_task
 
-    path = str(ensure_model(model))
+    path = str(resolve_model(model))
     tok = AutoTokenizer.from_pretrained(path)
     prompts = encode_prompts(load_task(TaskConfig(num_prompts=n_prompts, seed=seed)).records, tok, 4096)
     # No chunked prefill: vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") on a
@@ -76,7 +76,7 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="embedded model preset")
+    ap.add_argument("--model", default="tiny", help="embedded model preset (tiny, default) or a checkpoint directory")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=384)
@@ -87,9 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
 
-    key = hashlib.sha1(f"{args.model}/{args.prompts}/{args.group_size}/{args.max_tokens}/{args.seed}".encode()).hexdigest()[:10]
+    from seer.model import resolve_model
+
+    # keyed by the resolved directory: a preset's name stays while its recipe (and hash) changes
+    model = str(resolve_model(args.model))
+    key = hashlib.sha1(f"{model}/{args.prompts}/{args.group_size}/{args.max_tokens}/{args.seed}".encode()).hexdigest()[:10]
     cache = Path.home() / ".cache" / "seer" / "bench" / f"dgds_streams-{key}.json"
-    data = generate_streams(args.model, args.prompts, args.group_size, args.max_tokens, cache, args.seed)
+    data = generate_streams(model, args.prompts, args.group_size, args.max_tokens, cache, args.seed)
     prompts, groups = data["prompts"], data["groups"]
     G = args.group_size
     refs_list = sorted({0, 1, min(5, G - 1), G - 1})
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "dgds_acceptance.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
-        f"Mean acceptance length (bonus token included), {len(groups)} groups x G={G} of `{args.model}` on the running-sum task, "
+        f"Mean acceptance length (bonus token included), {len(groups)} groups x G={G} of `{Path(data.get('model', args.model)).name}` on the running-sum task, "
         f"{result['mean_response_tokens']} tokens per response on average, gamma={args.spec_tokens}.",
         "",
         "| group references n | linear | multi-path k=2 | multi-path k=4 |",
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         f"vLLM `ngram` proposer (prompt lookup {args.ngram_min}-{args.ngram_max}, own context only): {ngram_len:.2f}",
     ]
     (out / "dgds_acceptance.md").write_text("\n".join(md) + "\n")
-    plot(rows, ngram_len, refs_list, out / "dgds_acceptance.png", args.model, G)
+    plot(rows, ngram_len, refs_list, out / "dgds_acceptance.png", Path(data.get("model", args.model)).name, G)
     print("\n".join(md))
     return 0
 

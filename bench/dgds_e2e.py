@@ -1,6 +1,6 @@
 """Grouped speculative decoding, end to end on real vLLM instances.
 
-    python bench/dgds_e2e.py [--model tiny] [--prompts 8] [--group-size 8] [--max-tokens 256]
+    python bench/dgds_e2e.py [--model tiny|default|DIR] [--prompts 8] [--group-size 8] [--max-tokens 256]
 
 Same prompts, same per-request seeds, three ways:
   * group        vLLM + the DGDS proposer, requests named ``<prefix>g<group>-s<sample>`` (group trees)
@@ -109,7 +109,7 @@ async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--model", default="tiny", help="embedded model preset (tiny, default) or a checkpoint directory")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -126,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from seer.dgds.server import DgdsServer
-    from seer.model import ensure_model
+    from seer.model import resolve_model
     from seer.rollout.instance import InstanceSpec, free_port
     from seer.rollout.pool import InstancePool
     from seer.tasks import TaskConfig, encode_prompts, load_task
 
-    model = str(ensure_model(args.model))
+    model = str(resolve_model(args.model))
     tok = AutoTokenizer.from_pretrained(model)
     prompts = encode_prompts(load_task(TaskConfig(num_prompts=args.prompts, seed=args.seed)).records, tok, 4096)
     out = Path(args.out)
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
-        f"{args.prompts} groups x G={args.group_size} of `{args.model}`, max {args.max_tokens} tokens, temperature "
+        f"{args.prompts} groups x G={args.group_size} of `{Path(model).name}`, max {args.max_tokens} tokens, temperature "
         f"{args.temperature}, gamma_max={args.spec_tokens}, {'probe first' if args.probe_first else 'all samples at once'}; "
         "one vLLM CPU instance (1 core) per row"
         + (f"; {args.repeats} repeats in alternating order, totals over them" if args.repeats > 1 else "")
