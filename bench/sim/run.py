@@ -15,7 +15,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.configs import select
@@ -31,8 +31,11 @@ DEFAULT_SCALE = {"moonlight": 1.0, "qwen2vl72b": 0.5, "kimik2": 0.375}
 TOLERANCE = 0.25  # the issue's bar: full Seer vs baseline within +-25% of the paper's figure
 
 
-def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSettings, configs) -> dict:
+def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSettings, configs,
+                 overrides: dict | None = None) -> dict:
     w = PAPER_WORKLOADS[name]
+    if overrides:
+        w = replace(w, **overrides)
     if scale != 1.0:
         w = w.scaled(scale)
     per_seed: list[dict[str, SimRun]] = []
@@ -64,6 +67,18 @@ def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSetting
             "sim_cpu_seconds": sum(r.sim_cpu_seconds for r in runs),
         }
     return {"workload": {k: v for k, v in asdict(w).items()}, "seeds": seeds, "configs": rows}
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`--set FIELD=VALUE` items as Workload field overrides (ints, floats)."""
+    known = {f.name: f.type for f in fields(PAPER_WORKLOADS["moonlight"])}
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in known or not value:
+            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+        out[key] = float(value) if "." in value or "e" in value.lower() else int(value)
+    return out
 
 
 def check(result: dict) -> list[str]:
@@ -131,8 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-model", choices=("measured", "roofline"), default="measured",
                     help="measured: fitted to --step-times (this machine); roofline: from the paper's model "
                          "and GPU sizes (bench/sim/hardware.py)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a workload field for a sensitivity run (e.g. dp_ranks=1, "
+                         "kv_capacity_tokens=1445753); needs --tag")
+    ap.add_argument("--tag", default=None, help="write sim_ablation[_roofline]_TAG.* instead")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    overrides = parse_overrides(args.set)
+    if overrides and not args.tag:
+        ap.error("--set changes the workloads: give the run a --tag so it does not overwrite the recorded results")
 
     fit = load(args.step_times)
     settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper(), roofline=args.step_model == "roofline")
@@ -145,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.scenarios.split(","):
         t0 = time.perf_counter()
         scale = args.scale if args.scale is not None else DEFAULT_SCALE.get(name, 1.0)
-        res = run_scenario(name, scale, seeds, settings, configs)
+        res = run_scenario(name, scale, seeds, settings, configs, overrides)
         if roofline:
             w = PAPER_WORKLOADS[name]
             res["step_model"] = describe_roofline(name, w.gpus_per_instance, dp_ranks=w.dp_ranks)
@@ -155,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown({name: res}, fit.describe(), command, roofline).split("\n", 4)[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"command": command, "step_model": asdict(fit.model), "fit": {
+    payload = {"command": command, "overrides": overrides, "step_model": asdict(fit.model), "fit": {
         "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
         "points": fit.points, "batch_range": fit.batch_range, "context_range": fit.context_range},
         "step_model_used": args.step_model, "acceptance": settings.acceptance.source, "scenarios": results}
-    stem = "sim_ablation_roofline" if roofline else "sim_ablation"
+    stem = ("sim_ablation_roofline" if roofline else "sim_ablation") + (f"_{args.tag}" if args.tag else "")
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown(results, fit.describe(), command, roofline) + "\n")
     return 0

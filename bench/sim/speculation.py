@@ -86,18 +86,30 @@ def plan(step: StepModel, unit: int, context: float, high: Sequence[float], low:
 
     The cost model is the simulator's own step model: verifying g drafts for B requests computes
     B * (g + 1) positions and attends over the batch's context at the attention multiplier of
-    g + 1 positions; drafting costs the DGDS lookup per drafted token.
+    g + 1 positions; drafting costs the DGDS lookup per drafted token. The batch's context enters
+    in 1% buckets (as a real planner reads a profiled cost table), so that a plan is computed once
+    per batch composition and bucket: it runs once per rank per event, the simulator's hot path.
     """
     if not high and not low:
         return DraftLengths(0, 0)
-    # beta[i] = mean a^i (a prefix of i accepted); rates take a few distinct values (Table 2's rows),
-    # so sum over them with their counts (this runs once per rank per event: the simulator's hot path).
+    # Rates take a few distinct values (Table 2's rows): the batch is its counts of each.
     counts = Counter(high)
     counts.update(low)
-    n = len(high) + len(low)
-    beta = [sum(c * r ** i for r, c in counts.items()) / n for i in range(gamma_max + 2)]
+    bucket = round(math.log(max(context * unit, 1.0)) / CONTEXT_BUCKET) if context > 0 else -1
+    return _plan(step, unit, bucket, len(high), len(low), tuple(sorted(counts.items())), gamma_max, lam,
+                 ridge_positions)
+
+
+CONTEXT_BUCKET = math.log(1.01)  # the planner's context resolution: 1%
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _plan(step: StepModel, unit: int, bucket: int, n_high: int, n_low: int, counts: tuple[tuple[float, int], ...],
+          gamma_max: int, lam: float, ridge_positions: float) -> DraftLengths:
+    n = n_high + n_low
+    beta = [sum(c * r ** i for r, c in counts) / n for i in range(gamma_max + 2)]  # beta[i] = mean a^i
     a = beta[1]
-    ctx = context * unit
+    ctx = math.exp(bucket * CONTEXT_BUCKET) if bucket >= 0 else 0.0  # real tokens
     attn = [attention_multiplier(g + 1, ridge_positions) for g in range(gamma_max + 1)]
 
     def verify(b: int, g: int) -> float:
@@ -106,4 +118,4 @@ def plan(step: StepModel, unit: int, context: float, high: Sequence[float], low:
     def draft(b: int, g: int) -> float:
         return b * g * DRAFT_US_PER_TOKEN
 
-    return plan_draft_lengths(len(high), len(low), beta, a, draft, verify, gamma_max, lam)
+    return plan_draft_lengths(n_high, n_low, beta, a, draft, verify, gamma_max, lam)
