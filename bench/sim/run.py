@@ -61,6 +61,8 @@ def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSetting
             "chunks_migrated": statistics.mean(s.extra.get("chunks_migrated", 0) for s in st),
             "pool_loads": statistics.mean(s.extra.get("pool_loads", 0) for s in st),
             "longest_queued_s": statistics.mean(s.extra["longest_queued_s"] for s in st),
+            "mean_running": statistics.mean(s.extra["mean_running"] for s in st),
+            "mean_kv_used": statistics.mean(s.extra["mean_kv_used"] for s in st),
             "mean_acceptance_length": runs[0].mean_acceptance_length,
             "paper": PAPER_TABLE4[name].get(c.name),
             "sim_seconds": sum(r.sim_seconds for r in runs),
@@ -114,8 +116,8 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
             f"(bench/results/sim_calibration.md says where the memory comes from).",
             "",
             *([f"Step model: {res['step_model']}", ""] if roofline else []),
-            "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | preemptions | migrated chunks | prefix loads from the pool | acceptance length |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | running per instance | KV held | preemptions | migrated chunks | prefix loads from the pool | acceptance length |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c, r in res["configs"].items():
             paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
@@ -124,7 +126,8 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
             queued = "-" if c == "baseline" else f"{r['longest_queued_s']:.0f}"
             lines.append(
                 f"| {r['label']} | {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {paper} | "
-                f"{r['tail_s']:.0f} | {queued} | {r['idle_fraction']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | "
+                f"{r['tail_s']:.0f} | {queued} | {r['idle_fraction']:.0%} | {r['mean_running']:.1f} | "
+                f"{r['mean_kv_used']:.0%} | {r['preemptions']:.0f} | {r['chunks_migrated']:.0f} | "
                 f"{r['pool_loads']:.0f} | {mal} |"
             )
         findings = res.get("findings") or []

@@ -179,7 +179,25 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     stats.extra["longest_queued_s"] = longest_queued_s(disp.events, hidden)
     stats.extra["pool_loads"] = sum(i.pool_loads for i in insts.values())
     stats.extra["dp_ranks"] = workload.dp_ranks
+    stats.extra["mean_running"], stats.extra["mean_kv_used"] = busy_means(insts.values())
     return SimRun(config.name, stats, mal, time.perf_counter() - t0, time.process_time() - c0, first_dispatch)
+
+
+def busy_means(insts) -> tuple[float, float]:
+    """Time-weighted means, over the instances' busy time (a chunk running), of the chunks running
+    per instance and of the KV actually held (share of capacity). With reservation-bounded
+    admission the scheduler books context + a whole chunk per running chunk, so the KV held stays
+    well under the 95% it may book: these two say how much batch that costs."""
+    run = kv = span = 0.0
+    for inst in insts:
+        tl = inst.timeline
+        for a, b in zip(tl, tl[1:]):
+            if a.running > 0:
+                dt = b.t - a.t
+                run += a.running * dt
+                kv += a.kv_usage * dt
+                span += dt
+    return (run / span, kv / span) if span > 0 else (0.0, 0.0)
 
 
 def longest_queued_s(events, hidden: dict[LengthKey, int], share: float = 0.05) -> float:
