@@ -6,6 +6,15 @@
 
 from __future__ import annotations
 
+import warnings
+
+# Megatron-core announces at import that the optional GPU kernels (Transformer Engine, Apex) are
+# absent and falls back to torch; on CPU that is expected, and 7 warnings per run bury the
+# progress output. Only these notices are silenced.
+for _notice in (r"Transformer Engine and Apex are not installed", r"Apex is not installed",
+                r"full scope is deprecated"):
+    warnings.filterwarnings("ignore", message=_notice, category=UserWarning)
+
 __all__ = ["SFTExample", "TrainMetrics", "Trainer", "TrainerConfig"]
 
 
