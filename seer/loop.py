@@ -260,7 +260,10 @@ class SyncLoop:
                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                     max_tokens=cfg.rollout.max_tokens, seed=cfg.rollout.sampling_seed,
                 )
-                engine = RolloutEngine(pool.clients, cfg.scheduler, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
+                # Without a KV pool a chunk that changes instance recomputes its prefix: placement keeps
+                # chunks with their prefix (instances reached by URL are assumed to bring their own pool).
+                sched_cfg = replace(cfg.scheduler, kv_pool=cfg.scheduler.kv_pool and (kv.enabled or bool(cfg.instances.urls)))
+                engine = RolloutEngine(pool.clients, sched_cfg, rewards, group_size=cfg.rollout.group_size, sampling=sampling)
                 with rewards:
                     for it in range(start_it, iterations):
                         self.drop_dead_instances(pool, engine, "before the rollout")

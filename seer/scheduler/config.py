@@ -18,9 +18,12 @@ class SchedulerConfig:
     affinity_gap_tokens: int = 512
     affinity_gap_fraction: float = 0.25  # of the prefix instance's KV capacity; the larger gap applies
     max_running: int | None = None  # per instance; the only admission bound if KV capacity is unknown
+    kv_pool: bool = True  # a KV pool serves migrated prefixes (False: moving recomputes, so chunks stay; placement.py)
     kv_capacity_tokens: int | None = None  # overrides the capacity instances report
     starvation_after: int = 512  # context: dispatches a ready request may be passed over
     starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
+    continuations_first: bool = False  # context: a started request's next chunk goes before new requests
+    early_packing: bool = False  # context: reserve KV for what a chunk is expected to generate (policies/context.py)
     telemetry_interval_s: float = 0.5
     max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails
     # An instance with chunks in flight that answers nothing (no telemetry, no completed chunk) for
@@ -35,12 +38,14 @@ class SchedulerConfig:
             affinity_gap_tokens=self.affinity_gap_tokens,
             affinity_gap_fraction=self.affinity_gap_fraction,
             max_running=self.max_running,
+            kv_pool=self.kv_pool,
         )
 
     def build_policy(self, true_lengths: Mapping[LengthKey, int] | None = None) -> Policy:
         params = {}
         if self.policy == "context":
-            params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every}
+            params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every,
+                      "early_packing": self.early_packing, "continuations_first": self.continuations_first}
         return make_policy(
             self.policy,
             chunk_size=self.chunk_size,

@@ -24,6 +24,10 @@ class PlacementConfig:
     affinity_gap_tokens: int = 512
     affinity_gap_fraction: float = 0.25
     max_running: int | None = None  # optional cap per instance (the only bound when capacity is unknown)
+    # Whether a chunk that changes instance loads its prefix from a global KV pool. Without one it
+    # recomputes the whole prefix (as much compute as generating it again), so a chunk waits for
+    # the instance holding its prefix instead of moving, unless another instance is idle.
+    kv_pool: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_budget_fraction <= 1:
@@ -117,6 +121,12 @@ def choose_instance(
     (`affinity_gap`: `affinity_gap_tokens`, or `affinity_gap_fraction` of the capacity if larger),
     or is idle while the prefix instance still has other work. Smaller imbalances are evened out
     by placing new requests, which have no prefix anywhere, on the freer instance.
+
+    Without a KV pool (`cfg.kv_pool` False) a move recomputes the whole prefix on the new instance,
+    so a chunk stays with its prefix whatever the gap, and when the prefix instance has no room
+    it waits for it (chunks there end and free KV) rather than move, unless another instance is
+    idle, whose spare compute the recompute costs nothing. A prefix instance that is down does
+    not hold the chunk back.
     None means no instance can take the chunk now: wait.
     """
     best: InstanceLoad | None = None
@@ -128,10 +138,17 @@ def choose_instance(
             best = load
         if load.name == prefix_instance:
             home = load
-    if best is None or home is None or home is best:
+    if best is None or home is best:
         return best
+    if home is None:  # the prefix instance cannot take it now (or there is no prefix yet)
+        if cfg.kv_pool or best.running == 0 or prefix_instance is None:
+            return best
+        prefix_load = next((load for load in loads if load.name == prefix_instance), None)
+        return best if prefix_load is None or prefix_load.down is not None else None
     if best.running == 0 and home.running > 0:  # an idle instance takes work from a busy one
         return best
+    if not cfg.kv_pool:
+        return home
     gap = free_tokens(best, cfg) - free_tokens(home, cfg)
     if math.isnan(gap) or gap <= affinity_gap(home, cfg):  # nan: both unknown, i.e. no evidence of a gap
         return home

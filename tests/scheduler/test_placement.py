@@ -100,3 +100,23 @@ def test_an_idle_instance_takes_a_chunk_from_a_busy_prefix_instance():
     assert choose_instance(ls, 100, "i0", cfg).name == "i1"
     ls[0].reserved_tokens, ls[0].running = 0, 0  # both idle: stay with the prefix
     assert choose_instance(ls, 100, "i0", cfg).name == "i0"
+
+
+def test_without_a_kv_pool_a_chunk_stays_with_its_prefix_or_waits_for_it():
+    """Moving without a pool recomputes the whole prefix: stay whatever the gap, and wait for the
+    prefix instance when it is full, unless another instance is idle or the prefix one is down."""
+    nopool = PlacementConfig(kv_budget_fraction=1.0, block_size=1, affinity_gap_tokens=512,
+                             affinity_gap_fraction=0.0, kv_pool=False)
+    ls = loads(10_000, 10_000, reserved=(2000, 100))  # i1 has 1900 more free: the pool config moves
+    assert choose_instance(ls, 100, "i0", CFG).name == "i1"
+    assert choose_instance(ls, 100, "i0", nopool).name == "i0"
+    full = loads(10_000, 10_000, reserved=(9_950, 9_900))  # i0 cannot take 90 more, i1 can
+    assert choose_instance(full, 90, "i0", CFG).name == "i1"
+    assert choose_instance(full, 90, "i0", nopool) is None  # wait for i0
+    assert choose_instance(full, 90, None, nopool).name == "i1"  # a new request has no prefix to wait for
+    full[0].down = "dead"
+    assert choose_instance(full, 90, "i0", nopool).name == "i1"
+    idle = loads(10_000, 10_000, reserved=(9_950, 0))
+    assert choose_instance(idle, 90, "i0", nopool).name == "i1"  # an idle instance still takes it
+    busy_home = loads(10_000, 10_000, reserved=(5_000, 0))
+    assert choose_instance(busy_home, 90, "i0", nopool).name == "i1"

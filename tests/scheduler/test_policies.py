@@ -114,7 +114,7 @@ def test_starvation_guard_is_rationed_so_ordering_survives_a_full_queue():
 
 def test_context_waits_when_no_instance_has_kv_room():
     p = ContextAware(chunk_size=100, placement=CFG)
-    p.on_ready(request(0, 0, prompt_len=50))
+    p.on_ready(request(0, 0, generated=10, prompt_len=40))  # a continuation reserves its whole chunk
     full = loads(1000, 1000, reserved=(900, 861))  # chunk needs 50 + 100 - 1 = 149
     assert p.pick(full) == Wait("kv_full")
     roomy = loads(1000, 1000, reserved=(900, 851))
@@ -243,7 +243,8 @@ def test_unknown_policy_name():
 
 @pytest.mark.parametrize("name", ["divided", "context", "group_rr"])
 def test_reservation_uses_the_instances_block_size(name):
-    p = make_policy(name, chunk_size=256, placement=PlacementConfig(block_size=16, kv_budget_fraction=1.0))
+    extra = {"early_packing": False} if name == "context" else {}  # the whole chunk reserved
+    p = make_policy(name, chunk_size=256, placement=PlacementConfig(block_size=16, kv_budget_fraction=1.0), **extra)
     p.on_ready(request(0, 1, generated=0, max_tokens=2048, prompt_len=60))
     ls = loads(100_000, 100_000)
     for load in ls:
@@ -258,16 +259,105 @@ def test_context_continues_started_requests_before_fresh_ones_of_the_same_estima
     """Every group is unknown (estimate = maximum) early on: a request back from a chunk goes before
     requests not yet started, and the one that has generated most goes first (heavy tails: the
     more a request has generated, the longer it is expected to run)."""
-    p = ContextAware(chunk_size=100, placement=CFG)
-    fresh = [request(g, 1) for g in range(3)]
-    for r in fresh:
-        p.on_ready(r)
-    p.on_ready(request(5, 2, generated=200))
-    p.on_ready(request(4, 3, generated=400))
-    assert drain(p)[:2] == ["g4-s3", "g5-s2"]
-    # a known shorter group still goes after the unknown ones, whatever it has generated
-    q = ContextAware(chunk_size=100, placement=CFG)
+    for cf in (True, False):
+        p = ContextAware(chunk_size=100, placement=CFG, continuations_first=cf)
+        fresh = [request(g, 1) for g in range(3)]
+        for r in fresh:
+            p.on_ready(r)
+        p.on_ready(request(5, 2, generated=200))
+        p.on_ready(request(4, 3, generated=400))
+        assert drain(p)[:2] == ["g4-s3", "g5-s2"]
+
+
+def _two_groups(**kw):
+    """A started request of a known group (L = 350), a fresh one of an unknown group, and two
+    started requests of known groups L = 350 (generated 100) and L = 900 (generated 50)."""
+    q = ContextAware(chunk_size=100, placement=CFG, **kw)
     q.on_ready(request(0, 1, generated=300))
     q.on_finished(finished(request(0, 2), 350))
     q.on_ready(request(1, 1))
-    assert drain(q) == ["g1-s1", "g0-s1"]
+    q.on_finished(finished(request(2, 2), 900))
+    q.on_ready(request(2, 1, generated=50))
+    q.on_ready(request(0, 3, generated=100))
+    return drain(q)
+
+
+def test_context_continuations_first_never_pause_a_started_request_for_a_new_one():
+    """A request back from a chunk continues before any request not yet started, whatever the
+    estimates (so the within-group outliers, whose groups look short, do not wait between their
+    chunks); started requests among themselves and new ones among themselves keep Algorithm 2's
+    order (largest estimate, then most generated)."""
+    assert _two_groups(continuations_first=True) == ["g2-s1", "g0-s1", "g0-s3", "g1-s1"]
+
+
+def test_context_without_continuations_first_is_algorithm_2_as_written():
+    # a known shorter group goes after the unknown one, whatever it has generated
+    assert _two_groups() == ["g1-s1", "g2-s1", "g0-s1", "g0-s3"]
+
+
+# -- early packing (context): reservations follow what a chunk is expected to generate -----------
+
+def _known(p, group, length, index=9):
+    """Register `group` and finish one of its requests at `length` tokens."""
+    r = request(group, index)
+    p.on_ready(r)
+    p.on_dispatched(Dispatch(r, "i0", 1, 1, "longest"))
+    p.on_finished(finished(r, length))
+
+
+def test_early_packing_fresh_request_of_an_unknown_group_reserves_only_its_prompt():
+    p = ContextAware(chunk_size=100, placement=CFG, early_packing=True)
+    p.on_ready(request(0, 0, prompt_len=50))
+    d = p.pick(BIG)
+    assert d.max_tokens == 100 and d.kv_tokens == 50  # the chunk may still generate 100 tokens
+    off = ContextAware(chunk_size=100, placement=CFG, early_packing=False)
+    off.on_ready(request(0, 0, prompt_len=50))
+    assert off.pick(BIG).kv_tokens == 149
+    # a request that already ran a chunk while nothing in its group finished: the likely long one
+    q = ContextAware(chunk_size=100, placement=CFG, early_packing=True)
+    q.on_ready(request(0, 3, generated=100, prompt_len=50))
+    assert q.pick(BIG).kv_tokens == 50 + 100 + 100 - 1
+
+
+def test_early_packing_known_group_reserves_up_to_its_estimate_and_outgrown_requests_their_chunk():
+    p = ContextAware(chunk_size=100, placement=CFG, early_packing=True)
+    _known(p, 0, 30)  # L_0 = 30
+    _known(p, 1, 500)  # L_1 = 500
+    p.on_ready(request(0, 2, generated=40, prompt_len=10))  # outgrew its group: the whole chunk
+    p.on_ready(request(0, 1, prompt_len=10))  # fresh: the estimate, raised to the partial 40
+    p.on_ready(request(1, 1, generated=450, prompt_len=10))  # 50 left to the estimate
+    p.on_ready(request(1, 2, prompt_len=10))  # estimate 500 > chunk: the whole chunk
+    got = {}
+    while not isinstance(d := p.pick(BIG), Wait):
+        p.on_dispatched(d)
+        got[d.request.request_id] = d.kv_tokens
+    assert got == {"g0-s1": 10 + 40 - 1, "g0-s2": 50 + 100 - 1, "g1-s1": 460 + 50 - 1, "g1-s2": 10 + 100 - 1}
+
+
+def test_early_packing_admits_more_requests_into_the_same_budget():
+    def admitted(policy):
+        ls = loads(1000)
+        for g in range(10):
+            policy.on_ready(request(g, 1, prompt_len=50))
+        n = 0
+        while not isinstance(d := policy.pick(ls), Wait):
+            policy.on_dispatched(d)
+            ls[0].reserved_tokens += d.kv_tokens
+            ls[0].running += 1
+            n += 1
+        assert ls[0].reserved_tokens <= 1000  # the budget holds for what was reserved
+        return n
+
+    assert admitted(ContextAware(chunk_size=100, placement=CFG, early_packing=False)) == 6  # 6 x 149
+    assert admitted(ContextAware(chunk_size=100, placement=CFG, early_packing=True)) == 10  # 10 x 50: everyone starts
+
+
+def test_oracle_reserves_exactly_what_the_chunk_will_generate():
+    p = OracleLongestFirst({(0, 1): 30, (1, 1): 900}, chunk_size=100, placement=CFG)
+    p.on_ready(request(0, 1, prompt_len=10))
+    p.on_ready(request(1, 1, generated=850, prompt_len=10))
+    got = {}
+    while not isinstance(d := p.pick(BIG), Wait):
+        p.on_dispatched(d)
+        got[d.request.request_id] = (d.max_tokens, d.kv_tokens)
+    assert got == {"g1-s1": (100, 860 + 50 - 1), "g0-s1": (100, 10 + 30 - 1)}

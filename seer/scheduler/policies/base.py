@@ -47,12 +47,22 @@ class Policy(ABC):
         """Policy-specific numbers for the iteration's stats."""
         return {}
 
+    def reserve_tokens(self, req: Request, max_tokens: int) -> int:
+        """How many of the next chunk's `max_tokens` its KV reservation covers.
+
+        The whole chunk (the worst case) unless the policy knows better: then admission packs
+        more requests into the same memory, and the engine, which allocates KV as tokens are
+        generated, queues or preempts if a request outgrows what was reserved for it.
+        """
+        return max_tokens
+
     def place(self, req: Request, loads: Sequence[InstanceLoad], reason: str) -> Decision:
         """Size `req`'s next chunk and find it an instance within the KV budget, or wait."""
         block = reservation_block_size(loads, self.placement)
         max_tokens = chunk_max_tokens(self.chunk_size, req.max_tokens, req.generated,
                                       context_len=req.context_len, block_size=block)
-        need = kv_reservation(req.context_len, max_tokens, self.placement, block)
+        reserve = max(1, min(max_tokens, self.reserve_tokens(req, max_tokens)))
+        need = kv_reservation(req.context_len, reserve, self.placement, block)
         load = choose_instance(loads, need, req.last_instance, self.placement)
         if load is None:
             return Wait("kv_full")

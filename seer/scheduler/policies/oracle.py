@@ -45,6 +45,10 @@ class OracleLongestFirst(Policy):
                 "run the same workload once without the oracle first"
             ) from None
 
+    def reserve_tokens(self, req: Request, max_tokens: int) -> int:
+        """Exactly what the chunk will generate: the oracle's KV reservations pack perfectly."""
+        return min(max_tokens, self.true_length(req) - req.generated)
+
     def on_ready(self, req: Request) -> None:
         self._ready.add(req, (-(self.true_length(req) - req.generated),))
 
