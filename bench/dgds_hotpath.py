@@ -1,6 +1,7 @@
 """DGDS hot path: append throughput, fetch latency, batch_speculate latency for 256 requests.
 
     python bench/dgds_hotpath.py [--groups 32] [--group-size 8] [--tokens 2000] [--out bench/results]
+                                 [--arctic [DIR]]
 
 Token streams are synthetic but shaped like a GRPO group's outputs: every response of a group
 stitches together phrases from a pool the group shares (the same problem, the same reasoning moves)
@@ -8,7 +9,13 @@ with fresh tokens in between, so the trees see realistic repetition. Everything 
 (one Python thread at a time); in-process figures are CPU time, gRPC ones wall clock; tree appends
 are the best of --repeats builds. The reference point is ArcticInference's C++ suffix tree, whose
 published figures are about 5.5 us per appended token and 9 us per speculated token.
-Writes dgds_hotpath.json and dgds_hotpath.md.
+
+--arctic runs ArcticInference's own tree (``arctic_inference.suffix_decoding``, built from its PyPI
+sdist: docs/dgds.md (b)) side by side on the very same streams, batches and 256 speculate rows,
+timed the same way: one tree per group (our layout), one tree per request, and its
+SuffixDecodingCache as vLLM uses it (a tree per request plus one global tree of all responses).
+DIR, if given, is put on sys.path first; without an importable module the side-by-side part is
+skipped with a message. Writes dgds_hotpath.json and dgds_hotpath.md.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +71,26 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def _timed_appends(streams: list[list[list[int]]], batch: int, build, repeats: int) -> tuple[dict, object]:
+    """The append loop shared by every implementation and layout: rounds of `batch` tokens per
+    request, groups in order, requests in order (the order an instance produces them).
+    ``build()`` returns (state, jobs): jobs[g][r] = (bound extend method, its first argument)."""
+    times, state = [], None
+    length = max(len(s) for g in streams for s in g)
+    for _ in range(max(1, repeats)):
+        state, jobs = build()
+        flat = [(ext, key, seq) for jg, g in zip(jobs, streams) for (ext, key), seq in zip(jg, g)]
+        t0 = time.process_time()
+        for start in range(0, length, batch):
+            for ext, key, seq in flat:
+                ext(key, seq[start : start + batch])
+        times.append(time.process_time() - t0)
+    dt = min(times)
+    n = sum(len(s) for g in streams for s in g)
+    return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "us_per_token": 1e6 * dt / n,
+            "us_per_token_median": 1e6 * statistics.median(times) / n, "repeats": len(times)}, state
+
+
 def bench_tree(streams: list[list[list[int]]], depth: int, batch: int,
                compiled: bool | None = None, repeats: int = 1) -> tuple[dict, list[SuffixTree]]:
     """Appends in the interleaved order an instance produces them: every request, `batch` tokens.
@@ -70,23 +98,59 @@ def bench_tree(streams: list[list[list[int]]], depth: int, batch: int,
     append core (default when built) or the pure-Python one (same trees). Each repeat builds the
     trees afresh; the headline is the best repeat (the two cores here are shared and SMT
     siblings, so a busy neighbour inflates even CPU time), the median is reported next to it."""
-    times = []
-    for _ in range(max(1, repeats)):
+    def build():
         trees = [SuffixTree(depth, compiled=compiled) for _ in streams]
-        ids = [[t.add_sequence() for _ in g] for t, g in zip(trees, streams)]
-        length = max(len(s) for g in streams for s in g)
-        t0 = time.process_time()  # CPU time: the machine may be shared, one core is the unit
-        for start in range(0, length, batch):
-            for t, gi, g in zip(trees, ids, streams):
-                for sid, seq in zip(gi, g):
-                    t.extend(sid, seq[start : start + batch])
-        times.append(time.process_time() - t0)
-    dt = min(times)
-    n = sum(len(s) for g in streams for s in g)
+        return trees, [[(t.extend, t.add_sequence()) for _ in g] for t, g in zip(trees, streams)]
+    res, trees = _timed_appends(streams, batch, build, repeats)
     nodes = sum(t.num_nodes for t in trees)
-    return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "us_per_token": 1e6 * dt / n,
-            "us_per_token_median": 1e6 * statistics.median(times) / n, "repeats": len(times),
-            "nodes": nodes, "nodes_per_token": nodes / n}, trees
+    res.update(nodes=nodes, nodes_per_token=nodes / res["tokens"])
+    return res, trees
+
+
+def bench_tree_per_request(streams: list[list[list[int]]], depth: int, batch: int,
+                           repeats: int = 1) -> tuple[dict, list[list[SuffixTree]]]:
+    """Our tree in the per-request layout (one tree per request, nothing shared)."""
+    def build():
+        trees = [[SuffixTree(depth) for _ in g] for g in streams]
+        return trees, [[(t.extend, t.add_sequence()) for t in tg] for tg in trees]
+    return _timed_appends(streams, batch, build, repeats)
+
+
+def load_arctic(path: str | None):
+    """ArcticInference's suffix-decoding module (its C++ SuffixTree and SuffixDecodingCache), or
+    the reason it is not importable."""
+    if path:
+        sys.path.insert(0, path)
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from arctic_inference.suffix_decoding._C import SuffixTree as ArcticTree
+    except Exception as e:  # ImportError, or a build for another Python / numpy
+        return None, f"{type(e).__name__}: {e}"
+    import arctic_inference.suffix_decoding._C as mod
+    return {"SuffixTree": ArcticTree, "Cache": SuffixDecodingCache, "file": mod.__file__}, None
+
+
+def bench_arctic_append(arctic: dict, streams: list[list[list[int]]], depth: int, batch: int,
+                        layout: str, repeats: int) -> tuple[dict, object]:
+    """ArcticInference's tree on the same appends. layout: "group" (one tree per group, a seq id
+    per request: our layout), "request" (one tree per request), "cache" (SuffixDecodingCache with
+    no size limit: add_active_response extends the request's local tree and the global tree)."""
+    AT, Cache = arctic["SuffixTree"], arctic["Cache"]
+
+    def build():
+        if layout == "group":
+            trees = [AT(depth) for _ in streams]
+            return trees, [[(t.extend, sid) for sid in range(len(g))] for t, g in zip(trees, streams)]
+        if layout == "request":
+            trees = [[AT(depth) for _ in g] for g in streams]
+            return trees, [[(t.extend, 0) for t in tg] for tg in trees]
+        cache = Cache(max_tree_depth=depth, max_cached_requests=-1)
+        for gi, g in enumerate(streams):
+            for ri in range(len(g)):
+                cache.start_request(f"g{gi}-r{ri}", [])  # the streams are responses: no prompt
+        return cache, [[(cache.add_active_response, f"g{gi}-r{ri}") for ri in range(len(g))]
+                       for gi, g in enumerate(streams)]
+    return _timed_appends(streams, batch, build, repeats)
 
 
 def speculate_rows(prefixes: list[list[list[int]]], n: int, params: DraftParams) -> list[SpeculateRow]:
@@ -100,21 +164,96 @@ def speculate_rows(prefixes: list[list[list[int]]], n: int, params: DraftParams)
     return rows
 
 
-def bench_speculate(trees: list[SuffixTree], rows: list[SpeculateRow], repeats: int) -> dict:
-    by_group = {f"g{i}": t for i, t in enumerate(trees)}
-    lat, n_tok = [], 0
-    for _ in range(repeats):
-        t0 = time.process_time()
-        n_tok = 0
-        for r in rows:
-            tail = list(r.context[-r.params.pattern_lookup_max :])
-            paths, _ = draft(by_group[r.group_id], tail, r.params)
-            n_tok += sum(len(p.tokens) for p in paths)
-        lat.append(time.process_time() - t0)
+def _spec_result(rows: list, lat: list[float], n_tok: int) -> dict:
     med = statistics.median(lat)
     return {"requests": len(rows), "p50_ms": 1e3 * med, "p99_ms": 1e3 * pct(lat, 0.99),
             "us_per_request": 1e6 * med / len(rows), "spec_tokens": n_tok,
             "us_per_spec_token": 1e6 * med / max(1, n_tok), "mean_draft_len": n_tok / len(rows)}
+
+
+def bench_speculate(trees, rows: list[SpeculateRow], repeats: int, drafts: list | None = None) -> dict:
+    """``trees``: one per group (group ids g0, g1, ...) or, per-request layout, a list per group.
+    ``drafts``, if given, receives each row's best path (for the agreement check)."""
+    by_row = [trees[int(r.group_id[1:])] for r in rows]
+    if by_row and isinstance(by_row[0], list):
+        by_row = [tg[int(r.request_id.rsplit("-r", 1)[1])] for tg, r in zip(by_row, rows)]
+    lat, n_tok = [], 0
+    for _ in range(repeats):
+        t0 = time.process_time()
+        n_tok = 0
+        for r, tree in zip(rows, by_row):
+            tail = list(r.context[-r.params.pattern_lookup_max :])
+            paths, _ = draft(tree, tail, r.params)
+            n_tok += sum(len(p.tokens) for p in paths)
+        lat.append(time.process_time() - t0)
+    if drafts is not None:
+        drafts[:] = [list(p[0].tokens) if p else [] for p in
+                     (draft(t, list(r.context[-r.params.pattern_lookup_max :]), r.params)[0]
+                      for r, t in zip(rows, by_row))]
+    return _spec_result(rows, lat, n_tok)
+
+
+def bench_arctic_speculate(state, rows: list[SpeculateRow], layout: str, repeats: int,
+                           tree_spec: bool = False, drafts: list | None = None) -> dict:
+    """ArcticInference's speculate on the same rows and knobs: at most max_spec_tokens, the same
+    min_token_prob, matched suffixes of up to pattern_lookup_max tokens (its speculate tries every
+    match length below len(context), so it gets the last pattern_lookup_max + 1 tokens), and
+    max_spec_factor=0, max_spec_offset=max_spec_tokens so that a short match is not cut shorter
+    (ours has no such cap). tree_spec: its token-tree mode, max_spec_tokens tokens in all."""
+    if layout == "cache":
+        calls = [(state.speculate, r.request_id) for r in rows]
+    else:
+        by_row = [state[int(r.group_id[1:])] for r in rows]
+        if layout == "request":
+            by_row = [tg[int(r.request_id.rsplit("-r", 1)[1])] for tg, r in zip(by_row, rows)]
+        calls = [(t.speculate, None) for t in by_row]
+    lat, n_tok = [], 0
+    for _ in range(repeats):
+        t0 = time.process_time()
+        n_tok = 0
+        for r, (spec, rid) in zip(rows, calls):
+            p = r.params
+            tail = list(r.context[-(p.pattern_lookup_max + 1) :])
+            if rid is None:
+                d = spec(tail, p.max_spec_tokens, 0.0, float(p.max_spec_tokens), p.min_token_prob, tree_spec)
+            else:
+                d = spec(rid, tail, p.max_spec_tokens, 0.0, float(p.max_spec_tokens), p.min_token_prob, tree_spec)
+            n_tok += len(d.token_ids)
+        lat.append(time.process_time() - t0)
+    if drafts is not None:
+        drafts[:] = []
+        for r, (spec, rid) in zip(rows, calls):
+            p = r.params
+            tail = list(r.context[-(p.pattern_lookup_max + 1) :])
+            args = (tail, p.max_spec_tokens, 0.0, float(p.max_spec_tokens), p.min_token_prob, tree_spec)
+            drafts.append(list((spec(*args) if rid is None else spec(rid, *args)).token_ids))
+    return _spec_result(rows, lat, n_tok)
+
+
+def run_arctic(arctic: dict, prefixes: list[list[list[int]]], depth: int, batch: int, repeats: int,
+               linear: DraftParams, k4: DraftParams, ours: dict) -> dict:
+    """The side-by-side part: ArcticInference's tree and ours on the same streams and rows.
+    ``ours`` holds our trees and drafts (group layout) for the agreement check."""
+    out: dict = {"module": arctic["file"],
+                 "speculate_knobs": {"max_spec_tokens": linear.max_spec_tokens, "max_spec_factor": 0.0,
+                                     "max_spec_offset": float(linear.max_spec_tokens),
+                                     "min_token_prob": linear.min_token_prob,
+                                     "context_tokens": linear.pattern_lookup_max + 1}}
+    rows_lin = speculate_rows(prefixes, 256, linear)
+    rows_k4 = speculate_rows(prefixes, 256, k4)
+    for layout in ("group", "request", "cache"):
+        res, state = bench_arctic_append(arctic, prefixes, depth, batch, layout, repeats)
+        drafts: list = []
+        res["speculate_linear"] = bench_arctic_speculate(state, rows_lin, layout, 10, drafts=drafts)
+        if layout == "group":
+            same = sum(a == b for a, b in zip(drafts, ours["drafts"]))
+            res["speculate_linear"]["same_draft_as_seer"] = same / len(rows_lin)
+            res["speculate_tree"] = bench_arctic_speculate(state, rows_k4, layout, 5, tree_spec=True)
+        out[layout] = res
+        del state
+    return out
+
+
 
 
 def bench_service(streams: list[list[list[int]]], depth: int, batch: int) -> dict:
@@ -191,6 +330,44 @@ def _median(r: dict) -> str:
     return f" (best of {r['repeats']}; median {r['us_per_token_median']:.2f})"
 
 
+def _us(r: dict) -> str:
+    return f"{r['us_per_token']:.2f} us/token{_median(r)}"
+
+
+def _spec(r: dict) -> str:
+    return f"p50 {r['p50_ms']:.2f} ms, {r['us_per_spec_token']:.2f} us/spec token (mean draft {r['mean_draft_len']:.2f})"
+
+
+def markdown_arctic(res: dict) -> str:
+    a, cfg = res["arctic"], res["config"]
+    if "skipped" in a:
+        return f"\nArcticInference side by side: skipped ({a['skipped']}).\n"
+    t, tp, s, sp, k = (res["tree_append"], res["tree_append_per_request"], res["speculate_linear"],
+                       res["speculate_linear_per_request"], res["speculate_k4"])
+    kn = a["speculate_knobs"]
+    rows = [
+        (f"append, one tree per group ({cfg['groups']} trees x {cfg['group_size']} requests)", _us(t), _us(a["group"])),
+        (f"append, one tree per request ({cfg['groups'] * cfg['group_size']} trees)", _us(tp), _us(a["request"])),
+        ("append, SuffixDecodingCache.add_active_response (request's tree + global tree)", "", _us(a["cache"])),
+        ("speculate 256, linear, group trees", _spec(s), _spec(a["group"]["speculate_linear"])),
+        ("speculate 256, linear, per-request trees", _spec(sp), _spec(a["request"]["speculate_linear"])),
+        ("speculate 256, SuffixDecodingCache.speculate (request's tree + global tree)", "",
+         _spec(a["cache"]["speculate_linear"])),
+        ("speculate 256, group trees: Seer top-4 paths / Arctic token tree (use_tree_spec)", _spec(k),
+         _spec(a["group"]["speculate_tree"])),
+    ]
+    lines = ["", f"Side by side with ArcticInference's C++ suffix tree (built from the arctic-inference 0.3.0 sdist), "
+             f"same streams, same append batches, same 256 rows; CPU time on one core, appends best of "
+             f"{t['repeats']}. Speculation: at most {kn['max_spec_tokens']} tokens, min_token_prob "
+             f"{kn['min_token_prob']}, matches up to {kn['context_tokens'] - 1} tokens (Arctic: max_spec_factor 0, "
+             f"max_spec_offset {kn['max_spec_offset']:g}, last {kn['context_tokens']} context tokens). Linear drafts "
+             f"identical to Seer's on group trees: {100 * a['group']['speculate_linear']['same_draft_as_seer']:.1f}% "
+             f"of rows.", "",
+             "| operation | Seer | ArcticInference C++ |", "|---|---|---|"]
+    lines += [f"| {x} | {y} | {z} |" for x, y, z in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(res: dict) -> str:
     t, s, k, v = res["tree_append"], res["speculate_linear"], res["speculate_k4"], res["service"]
     core = "compiled core" if res["config"].get("compiled") else "pure Python: core not built"
@@ -219,9 +396,12 @@ def markdown(res: dict) -> str:
     cfg = res["config"]
     head = (f"DGDS hot path ({cfg['groups']} groups x {cfg['group_size']} requests x {cfg['tokens']} tokens, "
             f"depth {cfg['depth']}, update batch {cfg['batch']}; {cfg['machine']})\n\n")
-    lines = ["| operation | result | detail | ArcticInference C++ |", "|---|---|---|---|"]
+    lines = ["| operation | result | detail | ArcticInference C++ (published) |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    return head + "\n".join(lines) + "\n"
+    out = head + "\n".join(lines) + "\n"
+    if "arctic" in res:
+        out += markdown_arctic(res)
+    return out
 
 
 def main() -> None:
@@ -234,24 +414,43 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5, help="tree appends: best of this many builds")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--arctic", nargs="?", const="", default=None, metavar="DIR",
+                    help="also run ArcticInference's suffix tree side by side (DIR: put on sys.path first)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     streams = [group_streams(rng, args.group_size, args.tokens) for _ in range(args.groups)]
     prefixes = prefixes_of(streams, rng)
     tree_res, trees = bench_tree(prefixes, args.depth, args.batch, repeats=args.repeats)
+    linear, k4 = DraftParams(8, 1, 24, 1, 0.1), DraftParams(8, 1, 24, 4, 0.1)
+    drafts: list = []  # our linear drafts (group trees), for the agreement check with --arctic
     res = {
         "config": {"groups": args.groups, "group_size": args.group_size, "tokens": args.tokens, "depth": args.depth,
                    "batch": args.batch, "seed": args.seed, "compiled": COMPILED,
                    "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, 1 core"},
         "tree_append": tree_res,
-        "speculate_linear": bench_speculate(trees, speculate_rows(prefixes, 256, DraftParams(8, 1, 24, 1, 0.1)), 10),
-        "speculate_k4": bench_speculate(trees, speculate_rows(prefixes, 256, DraftParams(8, 1, 24, 4, 0.1)), 5),
+        "speculate_linear": bench_speculate(trees, speculate_rows(prefixes, 256, linear), 10, drafts),
+        "speculate_k4": bench_speculate(trees, speculate_rows(prefixes, 256, k4), 5),
         "service": bench_service(prefixes, args.depth, args.batch),
         "arctic_reference_us": {"append_per_token": ARCTIC_APPEND_US, "speculate_per_token": ARCTIC_SPEC_US},
     }
     if COMPILED:  # the fallback's figure too, for installs without a C compiler
         res["tree_append_python"] = bench_tree(prefixes, args.depth, args.batch, compiled=False,
                                                repeats=args.repeats)[0]
+    if args.arctic is not None:
+        arctic, why = load_arctic(args.arctic or None)
+        if arctic is None:
+            msg = (f"arctic_inference.suffix_decoding is not importable ({why}); build it from the PyPI "
+                   "sdist as in docs/dgds.md (b) and pass its directory: --arctic DIR")
+            print(f"--arctic: skipped: {msg}", file=sys.stderr)
+            res["arctic"] = {"skipped": msg}
+        else:
+            del trees  # one layout's trees in memory at a time
+            per_req, trees_pr = bench_tree_per_request(prefixes, args.depth, args.batch, args.repeats)
+            res["tree_append_per_request"] = per_req
+            res["speculate_linear_per_request"] = bench_speculate(trees_pr, speculate_rows(prefixes, 256, linear), 10)
+            del trees_pr
+            res["arctic"] = run_arctic(arctic, prefixes, args.depth, args.batch, args.repeats, linear, k4,
+                                       {"drafts": drafts})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dgds_hotpath.json").write_text(json.dumps(res, indent=2))
     md = markdown(res)
