@@ -1,373 +1,1135 @@
-/* Compiled append for seer/dgds/suffix_tree.py: SuffixTree.extend in C.
+/* Compiled core of seer/dgds/suffix_tree.py: the whole group tree in C, appends and drafting.
  *
- * The tree stays made of the Python `Node` objects of suffix_tree.py (every reader -- drafting,
- * locate, replicas, snapshots -- keeps using them as before); this module only runs the append
- * loop, reading and writing the nodes' __slots__ directly at the offsets their member descriptors
- * give (`bind(Node)`, called once at import). The algorithm is line for line the pure-Python
- * `SuffixTree._extend` (the reference, and the fallback when this module is not built); tests run
- * both and require identical trees.
+ * `Tree` holds the same tree as the pure-Python `SuffixTree` (same nodes, counts, edge references;
+ * suffix_tree.py's `_extend` is the reference, and tests require identical trees after every call)
+ * but in plain C arrays: nodes are 56-byte structs in one array, indexed by int32 ids; a node's
+ * children form a doubly linked sibling list, and the children of a node with more than SCAN_MAX
+ * of them are also in one open-addressing hash table per tree, keyed by (parent id, token). The
+ * tokens of each sequence are kept twice: as int64 arrays (what the tree reads) and as the Python
+ * lists `SuffixTree.seqs` shows (what the rest of seer/dgds reads).
  *
- * One difference: nodes made here keep no `parent` reference (None). The one place that needs a
- * parent, a node absorbed by its child, finds it by walking the window's own tokens from the root.
- * Without parent links a tree is acyclic (root -> children dicts -> nodes), so reference counting
- * frees it and its nodes and dicts are untracked by the cyclic GC, which otherwise costs about as
- * much as the appends themselves (every collection would walk the whole, ever-growing tree).
+ * `Tree.draft` is drafting.py's `draft` (match the longest continuing suffix by binary search, then
+ * the greedy walk with the probability floor, or the top-k beam) on these nodes; tests compare its
+ * drafts with the Python implementation's, token for token and probability for probability.
  *
- * Built by `pip install -e .` (setup.py, optional: a failed build leaves the Python version).
+ * No Python object is made per node, so trees are invisible to the cyclic GC and freed at once.
+ * Only public C API is used (no object layouts). Built by `pip install -e .` (setup.py, optional: a
+ * failed build leaves the pure-Python tree).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
 
-static PyTypeObject *node_type = NULL;
-static Py_ssize_t OFF_CHILDREN, OFF_PARENT, OFF_COUNT, OFF_LENGTH, OFF_REF_SEQ, OFF_REF_IDX, OFF_GROWING;
+#define SCAN_MAX 4 /* up to this many children: found by scanning the sibling list, not hashed */
+#define NONE (-1)
 
-#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+typedef struct {
+    int64_t tok;     /* first token of the edge: the key under the parent (root: unused) */
+    int64_t count;   /* windows that end at or pass through the node */
+    int32_t length;  /* edge length (an open leaf's is stale during its own sequence's extend) */
+    int32_t ref_seq; /* the edge is seqs[ref_seq][ref_idx : ref_idx + length] */
+    int32_t ref_idx;
+    int32_t parent;
+    int32_t first;       /* first child, NONE for a leaf */
+    int32_t next, prev;  /* siblings */
+    int32_t nkids;       /* number of children */
+    int32_t growing;     /* an open leaf (see suffix_tree.Node.growing) */
+} CNode;
 
-/* The int in a slot (always an int: only suffix_tree.py and this file write them). */
-static inline Py_ssize_t geti(PyObject *o, Py_ssize_t off) {
-    PyObject *x = SLOT(o, off);
-#if PY_VERSION_HEX >= 0x030C0000
-    if (PyUnstable_Long_IsCompact((PyLongObject *)x)) return PyUnstable_Long_CompactValue((PyLongObject *)x);
-#else
-    Py_ssize_t size = Py_SIZE(x); /* one 30-bit digit at most: the value is digit * sign */
-    if (size >= -1 && size <= 1) return size * (Py_ssize_t)((PyLongObject *)x)->ob_digit[0];
-#endif
-    return PyLong_AsSsize_t(x);
+typedef struct {
+    int64_t tok;
+    int32_t parent;
+    int32_t child; /* NONE: empty slot */
+} Entry;
+
+typedef struct {
+    int64_t *tok; /* the tokens */
+    int32_t len, cap;
+    int32_t *act; /* act[astart : astart + na]: where its growing windows end (oldest first) */
+    int32_t astart, na;
+    int32_t lo; /* act[astart : astart + lo] are open leaves */
+    PyObject *list; /* the Python list SuffixTree.seqs shows (a strong reference) */
+} Seq;
+
+typedef struct {
+    PyObject_HEAD
+    int32_t max_depth;
+    CNode *nodes;
+    int32_t nodes_cap, nodes_top, free_head; /* slots [0, nodes_top) used or on the free list */
+    int64_t num_nodes;
+    Entry *tab;
+    uint64_t mask; /* capacity - 1 (capacity a power of two), or 0 with tab NULL */
+    int64_t tab_used;
+    Seq *seqs;
+    int32_t nseqs, seqs_cap;
+    PyObject *pyseqs; /* list of the sequences' lists */
+    uint64_t version; /* bumped by every extend (SuffixTree caches its node view on it) */
+} Tree;
+
+static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
+static PyObject *s_tokens, *s_probs, *s_max_spec, *s_lmin, *s_lmax, *s_topk, *s_floor;
+
+/* ---- hash table of the children of big nodes ------------------------------------------------ */
+
+static inline uint64_t hkey(int32_t parent, int64_t tok) {
+    uint64_t x = (uint64_t)tok * 0x9E3779B97F4A7C15ull + (uint64_t)(uint32_t)parent;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return x;
 }
 
-static inline int seti(PyObject *o, Py_ssize_t off, Py_ssize_t v) {
-    if (geti(o, off) == v) return 0; /* unchanged: no new int object */
-    PyObject *x = PyLong_FromSsize_t(v);
-    if (x == NULL) return -1;
-    PyObject *old = SLOT(o, off);
-    SLOT(o, off) = x;
-    Py_XDECREF(old);
-    return 0;
-}
-
-/* o.<slot> = v (a new strong reference to v) */
-static inline void seto(PyObject *o, Py_ssize_t off, PyObject *v) {
-    Py_INCREF(v);
-    PyObject *old = SLOT(o, off);
-    SLOT(o, off) = v;
-    Py_XDECREF(old);
-}
-
-/* o.<slot> = v, stealing the reference to v */
-static inline void steal(PyObject *o, Py_ssize_t off, PyObject *v) {
-    PyObject *old = SLOT(o, off);
-    SLOT(o, off) = v;
-    Py_XDECREF(old);
-}
-
-/* Node(None, count, length, ref_seq, ref_idx) without running __init__, untracked; new reference. */
-static PyObject *new_node(Py_ssize_t count, Py_ssize_t length, Py_ssize_t ref_seq, Py_ssize_t ref_idx) {
-    PyObject *n = node_type->tp_alloc(node_type, 0);
-    if (n == NULL) return NULL;
-    PyObject_GC_UnTrack(n);
-    SLOT(n, OFF_CHILDREN) = Py_NewRef(Py_None);
-    SLOT(n, OFF_PARENT) = Py_NewRef(Py_None);
-    SLOT(n, OFF_GROWING) = Py_NewRef(count == 1 ? Py_True : Py_False);
-    if ((SLOT(n, OFF_COUNT) = PyLong_FromSsize_t(count)) == NULL ||
-        (SLOT(n, OFF_LENGTH) = PyLong_FromSsize_t(length)) == NULL ||
-        (SLOT(n, OFF_REF_SEQ) = PyLong_FromSsize_t(ref_seq)) == NULL ||
-        (SLOT(n, OFF_REF_IDX) = PyLong_FromSsize_t(ref_idx)) == NULL) {
-        Py_DECREF(n);
-        return NULL;
+static int32_t hash_find(Tree *t, int32_t parent, int64_t tok) {
+    uint64_t i = hkey(parent, tok) & t->mask;
+    for (;;) {
+        Entry *e = &t->tab[i];
+        if (e->child == NONE) return NONE;
+        if (e->tok == tok && e->parent == parent) return e->child;
+        i = (i + 1) & t->mask;
     }
-    return n;
 }
 
-/* d[key] = value, keeping the children dict out of the cyclic GC (inserting re-tracks it). */
-static inline int dict_set(PyObject *d, PyObject *key, PyObject *value) {
-    int rc = PyDict_SetItem(d, key, value);
-    PyObject_GC_UnTrack(d);
-    return rc;
+/* insert a key known to be absent; the table has room (hash_reserve) */
+static void hash_put(Tree *t, int32_t parent, int64_t tok, int32_t child) {
+    uint64_t i = hkey(parent, tok) & t->mask;
+    while (t->tab[i].child != NONE) i = (i + 1) & t->mask;
+    t->tab[i].tok = tok;
+    t->tab[i].parent = parent;
+    t->tab[i].child = child;
+    t->tab_used++;
 }
 
-/* The node whose child is `target`, where the window seq[j:] ends (walked from the root: every node
- * on the way has children, so its stored length is exact); borrowed reference. */
-static PyObject *find_parent(PyObject *root, PyObject *seq, Py_ssize_t j, PyObject *target) {
-    PyObject *node = root;
-    Py_ssize_t p = j, n = PyList_GET_SIZE(seq);
-    while (p < n) {
-        PyObject *children = SLOT(node, OFF_CHILDREN);
-        if (children == Py_None) break;
-        PyObject *c = PyDict_GetItemWithError(children, PyList_GET_ITEM(seq, p));
-        if (c == NULL) break;
-        if (c == target) return node;
-        p += geti(c, OFF_LENGTH);
-        node = c;
+static Entry *hash_slot(Tree *t, int32_t parent, int64_t tok) {
+    uint64_t i = hkey(parent, tok) & t->mask;
+    for (;;) {
+        Entry *e = &t->tab[i];
+        if (e->child == NONE) return NULL;
+        if (e->tok == tok && e->parent == parent) return e;
+        i = (i + 1) & t->mask;
     }
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "suffix tree: a window's node has no parent");
-    return NULL;
 }
 
-static int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
-    PyObject *d = PyObject_GetAttrString(cls, name);
-    if (d == NULL) return -1;
-    if (!Py_IS_TYPE(d, &PyMemberDescr_Type) || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-        Py_DECREF(d);
-        PyErr_Format(PyExc_TypeError, "Node.%s is not a __slots__ member", name);
+static void hash_del(Tree *t, int32_t parent, int64_t tok) {
+    Entry *e = hash_slot(t, parent, tok);
+    if (e == NULL) return;
+    uint64_t i = (uint64_t)(e - t->tab), j = i;
+    for (;;) { /* backward-shift deletion (linear probing keeps no tombstones) */
+        j = (j + 1) & t->mask;
+        Entry *f = &t->tab[j];
+        if (f->child == NONE) break;
+        uint64_t k = hkey(f->parent, f->tok) & t->mask;
+        if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+            t->tab[i] = *f;
+            i = j;
+        }
+    }
+    t->tab[i].child = NONE;
+    t->tab_used--;
+}
+
+/* room for `extra` more entries at load <= 1/2 */
+static int hash_reserve(Tree *t, int64_t extra) {
+    uint64_t cap = t->tab ? t->mask + 1 : 0;
+    if ((uint64_t)(t->tab_used + extra) * 2 <= cap) return 0;
+    uint64_t ncap = cap ? cap : 64;
+    while ((uint64_t)(t->tab_used + extra) * 2 > ncap) ncap *= 2;
+    Entry *old = t->tab;
+    Entry *tab = PyMem_Malloc(ncap * sizeof(Entry));
+    if (tab == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
-    *out = ((PyMemberDescrObject *)d)->d_member->offset;
-    Py_DECREF(d);
+    for (uint64_t i = 0; i < ncap; i++) tab[i].child = NONE;
+    t->tab = tab;
+    t->mask = ncap - 1;
+    t->tab_used = 0;
+    for (uint64_t i = 0; i < cap; i++)
+        if (old[i].child != NONE) hash_put(t, old[i].parent, old[i].tok, old[i].child);
+    PyMem_Free(old);
     return 0;
 }
 
-static PyObject *bind(PyObject *self, PyObject *cls) {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "bind() takes the Node class");
-        return NULL;
+/* ---- nodes and their children ----------------------------------------------------------------- */
+
+#define ND(i) (t->nodes[(i)])
+
+/* room for `extra` more nodes and their hash entries (checked before each token, so that a step
+ * never fails midway; new nodes come from the free list first, then from [nodes_top, nodes_cap)) */
+static int reserve(Tree *t, int32_t extra) {
+    if ((int64_t)t->nodes_top + extra > t->nodes_cap) {
+        int64_t ncap = t->nodes_cap ? (int64_t)t->nodes_cap * 2 : 64;
+        while (ncap < (int64_t)t->nodes_top + extra) ncap *= 2;
+        if (ncap > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "suffix tree: more than 2**31 nodes");
+            return -1;
+        }
+        CNode *nodes = PyMem_Realloc(t->nodes, (size_t)ncap * sizeof(CNode));
+        if (nodes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->nodes = nodes;
+        t->nodes_cap = (int32_t)ncap;
     }
-    if (slot_offset(cls, "children", &OFF_CHILDREN) || slot_offset(cls, "parent", &OFF_PARENT) ||
-        slot_offset(cls, "count", &OFF_COUNT) || slot_offset(cls, "length", &OFF_LENGTH) ||
-        slot_offset(cls, "ref_seq", &OFF_REF_SEQ) || slot_offset(cls, "ref_idx", &OFF_REF_IDX) ||
-        slot_offset(cls, "growing", &OFF_GROWING))
-        return NULL;
-    Py_XSETREF(node_type, (PyTypeObject *)Py_NewRef(cls));
-    Py_RETURN_NONE;
+    /* a node crossing SCAN_MAX children hashes all of them at once */
+    return hash_reserve(t, (int64_t)extra * (SCAN_MAX + 1));
 }
 
-static PyObject *get_list(PyObject *tree, const char *name, Py_ssize_t idx) {
-    PyObject *all = PyObject_GetAttrString(tree, name);
-    if (all == NULL) return NULL;
-    if (!PyList_Check(all) || idx < 0 || idx >= PyList_GET_SIZE(all)) {
-        Py_DECREF(all);
-        PyErr_Format(PyExc_IndexError, "no sequence %zd", idx);
-        return NULL;
+static int32_t new_node(Tree *t, int64_t tok, int64_t count, int32_t length, int32_t ref_seq, int32_t ref_idx,
+                        int32_t parent) {
+    int32_t id;
+    if (t->free_head != NONE) {
+        id = t->free_head;
+        t->free_head = ND(id).next;
+    } else {
+        id = t->nodes_top++;
     }
-    PyObject *item = Py_NewRef(PyList_GET_ITEM(all, idx));
-    Py_DECREF(all);
-    return item;
+    CNode *n = &ND(id);
+    n->tok = tok;
+    n->count = count;
+    n->length = length;
+    n->ref_seq = ref_seq;
+    n->ref_idx = ref_idx;
+    n->parent = parent;
+    n->first = n->next = n->prev = NONE;
+    n->nkids = 0;
+    n->growing = count == 1;
+    return id;
 }
 
-/* One token for every window of the sequence (see SuffixTree._extend); -1 on error. */
-static int step(PyObject *seqs, PyObject *seq, PyObject *active, PyObject *root, Py_ssize_t seq_id,
-                Py_ssize_t max_depth, Py_ssize_t *lo_p, Py_ssize_t *created_p, PyObject *tok) {
-    Py_ssize_t lo = *lo_p, created = 0;
-    Py_ssize_t n = PyList_GET_SIZE(seq); /* position of tok */
-    if (PyList_Append(active, root) < 0) return -1;
-    if (seti(root, OFF_COUNT, geti(root, OFF_COUNT) + 1) < 0) return -1;
-    if (PyList_GET_SIZE(active) > max_depth) {
+static void free_node(Tree *t, int32_t id) {
+    ND(id).next = t->free_head;
+    ND(id).count = 0;
+    t->free_head = id;
+}
+
+static inline int32_t child_find(Tree *t, int32_t p, int64_t tok) {
+    if (ND(p).nkids > SCAN_MAX) return hash_find(t, p, tok);
+    for (int32_t c = ND(p).first; c != NONE; c = ND(c).next)
+        if (ND(c).tok == tok) return c;
+    return NONE;
+}
+
+/* c (new, ND(c).tok set) becomes a child of p; the table has room (reserve) */
+static void child_add(Tree *t, int32_t p, int32_t c) {
+    CNode *pn = &ND(p);
+    ND(c).next = pn->first;
+    ND(c).prev = NONE;
+    if (pn->first != NONE) ND(pn->first).prev = c;
+    pn->first = c;
+    pn->nkids++;
+    if (pn->nkids == SCAN_MAX + 1) {
+        for (int32_t k = pn->first; k != NONE; k = ND(k).next) hash_put(t, p, ND(k).tok, k);
+    } else if (pn->nkids > SCAN_MAX + 1) {
+        hash_put(t, p, ND(c).tok, c);
+    }
+}
+
+/* `nw` (not in any list, same first token) takes the place of p's child `old` */
+static void child_replace(Tree *t, int32_t p, int32_t old, int32_t nw) {
+    CNode *o = &ND(old), *n = &ND(nw);
+    n->prev = o->prev;
+    n->next = o->next;
+    if (o->prev != NONE) ND(o->prev).next = nw;
+    else ND(p).first = nw;
+    if (o->next != NONE) ND(o->next).prev = nw;
+    o->prev = o->next = NONE;
+    if (ND(p).nkids > SCAN_MAX) hash_slot(t, p, n->tok)->child = nw;
+}
+
+/* p's child c is now keyed by newtok */
+static void child_rekey(Tree *t, int32_t p, int32_t c, int64_t newtok) {
+    if (ND(p).nkids > SCAN_MAX) {
+        hash_del(t, p, ND(c).tok);
+        hash_put(t, p, newtok, c);
+    }
+    ND(c).tok = newtok;
+}
+
+/* ---- appends -------------------------------------------------------------------------------- */
+
+/* One token for every window of sequence `sid` (SuffixTree._extend, line for line). The caller has
+ * reserved room for the token, max_depth + 1 nodes and their hash entries: nothing here fails. */
+static void step(Tree *t, int32_t sid, int64_t tok) {
+    Seq *s = &t->seqs[sid];
+    const int32_t root = 0, n = s->len, end = n + 1;
+    int32_t lo = s->lo;
+    /* active.append(root) */
+    if (s->astart + s->na == 2 * (t->max_depth + 1)) {
+        memmove(s->act, s->act + s->astart, (size_t)s->na * sizeof(int32_t));
+        s->astart = 0;
+    }
+    s->act[s->astart + s->na++] = root;
+    ND(root).count++;
+    if (s->na > t->max_depth) {
         /* The oldest window is max_depth long: it stops growing. */
         if (lo) {
-            PyObject *old = PyList_GET_ITEM(active, 0);
-            if (seti(old, OFF_LENGTH, n - geti(old, OFF_REF_IDX)) < 0) return -1;
-            seto(old, OFF_GROWING, Py_False);
+            CNode *old = &ND(s->act[s->astart]);
+            old->length = n - old->ref_idx;
+            old->growing = 0;
             lo--;
         }
-        if (PyList_SetSlice(active, 0, 1, NULL) < 0) return -1;
+        s->astart++;
+        s->na--;
     }
-    if (PyList_Append(seq, tok) < 0) return -1;
-    Py_ssize_t end = n + 1;
-    Py_ssize_t na = PyList_GET_SIZE(active);
-    for (Py_ssize_t i = lo; i < na; i++) {
-        PyObject *node = PyList_GET_ITEM(active, i); /* borrowed: the tree (or active) holds it */
-        PyObject *children = SLOT(node, OFF_CHILDREN);
-        if (children == Py_None) {
-            /* a leaf other windows ended at too (count >= 2): this window branches off */
-            PyObject *nw = new_node(1, 1, seq_id, n);
-            if (nw == NULL) return -1;
-            PyObject *d = PyDict_New();
-            if (d == NULL || dict_set(d, tok, nw) < 0) {
-                Py_XDECREF(d);
-                Py_DECREF(nw);
-                return -1;
-            }
-            steal(node, OFF_CHILDREN, d);
-            PyList_SET_ITEM(active, i, nw); /* steals nw; node stays referenced by its parent */
-            Py_DECREF(node);
+    s->tok[s->len++] = tok;
+    int32_t *act = s->act + s->astart;
+    const int32_t na = s->na;
+    int64_t created = 0;
+    for (int32_t i = lo; i < na; i++) {
+        int32_t node = act[i];
+        int32_t child = child_find(t, node, tok);
+        if (child == NONE) {
+            /* a leaf other windows ended at too, or a node without this continuation: the window
+             * branches off (a non-root node here has count >= 2) */
+            int32_t nw = new_node(t, tok, 1, 1, sid, n, node);
+            child_add(t, node, nw);
+            act[i] = nw;
             created++;
             continue;
         }
-        PyObject *child = PyDict_GetItemWithError(children, tok); /* borrowed */
-        if (child == NULL) {
-            if (PyErr_Occurred()) return -1;
-            PyObject *nw = new_node(1, 1, seq_id, n);
-            if (nw == NULL) return -1;
-            if (dict_set(children, tok, nw) < 0) {
-                Py_DECREF(nw);
-                return -1;
-            }
-            PyList_SET_ITEM(active, i, nw);
-            Py_DECREF(node);
-            created++;
-            continue;
-        }
-        Py_ssize_t clen = geti(child, OFF_LENGTH);
-        if (SLOT(child, OFF_GROWING) == Py_True && geti(child, OFF_REF_SEQ) == seq_id)
-            clen = end - geti(child, OFF_REF_IDX); /* an open leaf of this sequence: not written yet */
-        Py_ssize_t ccount = geti(child, OFF_COUNT);
-        if (geti(node, OFF_COUNT) == ccount + 1 && node != root) {
-            Py_ssize_t nlen = geti(node, OFF_LENGTH);
+        CNode *c = &ND(child), *nd = &ND(node);
+        int32_t clen = c->length;
+        if (c->growing && c->ref_seq == sid) clen = end - c->ref_idx; /* an open leaf of this sequence */
+        if (nd->count == c->count + 1 && node != root) {
+            /* This window ends at `node`, and every other window through `node` continues with
+             * `tok` (so `child` is its only child). */
             if (clen == 1) {
                 /* The boundary reaches `child`: `child` absorbs `node`. */
-                PyObject *parent = find_parent(root, seq, n - (na - 1) + i, node);
-                if (parent == NULL) return -1;
-                PyObject *nseq = PyList_GET_ITEM(seqs, geti(node, OFF_REF_SEQ));
-                PyObject *first = PyList_GET_ITEM(nseq, geti(node, OFF_REF_IDX));
-                if (seti(child, OFF_COUNT, ccount + 1) < 0 || seti(child, OFF_LENGTH, nlen + 1) < 0 ||
-                    seti(child, OFF_REF_SEQ, seq_id) < 0 || seti(child, OFF_REF_IDX, end - (nlen + 1)) < 0)
-                    return -1;
-                Py_INCREF(child);
-                Py_INCREF(node);
-                seto(child, OFF_GROWING, Py_False);
-                int rc = dict_set(SLOT(parent, OFF_CHILDREN), first, child);
-                PyList_SET_ITEM(active, i, child); /* steals our reference to child */
-                Py_DECREF(node);                   /* the list's reference */
-                Py_DECREF(node);                   /* ours: node may be freed now */
-                if (rc < 0) return -1;
+                int32_t parent = nd->parent;
+                c->count++;
+                c->length = nd->length + 1;
+                c->ref_seq = sid;
+                c->ref_idx = end - c->length;
+                c->parent = parent;
+                c->growing = 0;
+                c->tok = nd->tok;
+                nd->first = NONE;
+                nd->nkids = 0;
+                child_replace(t, parent, node, child);
+                free_node(t, node);
+                act[i] = child;
                 created--;
             } else {
-                /* This window ends at `node`, and every other window through `node` continues
-                 * with `tok`: the node boundary moves one token down. */
-                if (seti(node, OFF_LENGTH, nlen + 1) < 0 || seti(node, OFF_REF_SEQ, seq_id) < 0 ||
-                    seti(node, OFF_REF_IDX, end - (nlen + 1)) < 0 || seti(child, OFF_LENGTH, clen - 1) < 0)
-                    return -1;
-                Py_ssize_t idx = geti(child, OFF_REF_IDX) + 1;
-                if (seti(child, OFF_REF_IDX, idx) < 0) return -1;
-                PyObject *head = PyList_GET_ITEM(PyList_GET_ITEM(seqs, geti(child, OFF_REF_SEQ)), idx);
-                int same = PyObject_RichCompareBool(head, tok, Py_EQ);
-                if (same < 0) return -1;
-                if (!same) {
-                    Py_INCREF(child);
-                    int rc = PyDict_DelItem(children, tok);
-                    if (rc == 0) rc = dict_set(children, head, child);
-                    Py_DECREF(child);
-                    if (rc < 0) return -1;
-                }
+                /* The node boundary moves one token down. */
+                int32_t length = nd->length + 1;
+                nd->length = length;
+                nd->ref_seq = sid;
+                nd->ref_idx = end - length;
+                c->length = clen - 1;
+                c->ref_idx++;
+                int64_t head = t->seqs[c->ref_seq].tok[c->ref_idx];
+                if (head != tok) child_rekey(t, node, child, head);
             }
         } else if (clen == 1) {
-            if (seti(child, OFF_COUNT, ccount + 1) < 0) return -1;
-            seto(child, OFF_GROWING, Py_False);
-            Py_INCREF(child);
-            PyList_SET_ITEM(active, i, child);
-            Py_DECREF(node);
+            c->count++;
+            c->growing = 0;
+            act[i] = child;
         } else {
             /* Split `child` after its first token; the window ends at the split point. */
-            PyObject *mid = new_node(ccount + 1, 1, seq_id, n);
-            if (mid == NULL) return -1;
-            Py_ssize_t idx = geti(child, OFF_REF_IDX) + 1;
-            if (seti(child, OFF_LENGTH, clen - 1) < 0 || seti(child, OFF_REF_IDX, idx) < 0) {
-                Py_DECREF(mid);
-                return -1;
-            }
-            PyObject *head = PyList_GET_ITEM(PyList_GET_ITEM(seqs, geti(child, OFF_REF_SEQ)), idx);
-            PyObject *d = PyDict_New();
-            if (d == NULL || dict_set(d, head, child) < 0) {
-                Py_XDECREF(d);
-                Py_DECREF(mid);
-                return -1;
-            }
-            steal(mid, OFF_CHILDREN, d);
-            if (dict_set(children, tok, mid) < 0) {
-                Py_DECREF(mid);
-                return -1;
-            }
-            PyList_SET_ITEM(active, i, mid);
-            Py_DECREF(node);
+            int32_t mid = new_node(t, tok, c->count + 1, 1, sid, n, node);
+            c = &ND(child); /* (no reallocation: reserved, but keep the habit) */
+            c->length = clen - 1;
+            c->ref_idx++;
+            c->parent = mid;
+            c->tok = t->seqs[c->ref_seq].tok[c->ref_idx];
+            child_replace(t, node, child, mid);
+            ND(mid).first = child;
+            ND(mid).nkids = 1;
+            act[i] = mid;
             created++;
         }
     }
     /* Windows that now reached a leaf of their own join the open prefix. */
-    na = PyList_GET_SIZE(active);
-    while (lo < na && geti(PyList_GET_ITEM(active, lo), OFF_COUNT) == 1) lo++;
-    *lo_p = lo;
-    *created_p += created;
-    return PyErr_Occurred() ? -1 : 0;
+    while (lo < na && ND(act[lo]).count == 1) lo++;
+    s->lo = lo;
+    t->num_nodes += created;
 }
 
-static PyObject *extend(PyObject *self, PyObject *args) {
-    PyObject *tree, *tokens;
-    Py_ssize_t seq_id;
-    if (!PyArg_ParseTuple(args, "OnO:extend", &tree, &seq_id, &tokens)) return NULL;
-    if (node_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind(Node) first");
+/* Open leaves' lengths, written when an extend call returns (see SuffixTree.extend). */
+static void finish_extend(Tree *t, int32_t sid) {
+    Seq *s = &t->seqs[sid];
+    int32_t *act = s->act + s->astart;
+    for (int32_t i = 0; i < s->lo; i++) {
+        CNode *leaf = &ND(act[i]);
+        leaf->length = s->len - leaf->ref_idx;
+    }
+}
+
+/* The int64 value of a token (an int, or anything with __index__); -1 and an error on failure. */
+static int token_value(PyObject *item, int64_t *out, PyObject **as_int) {
+    PyObject *v;
+    if (PyLong_CheckExact(item)) {
+        v = Py_NewRef(item);
+    } else {
+        v = PyNumber_Index(item);
+        if (v == NULL) return -1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "token id out of the int64 range");
+        Py_DECREF(v);
+        return -1;
+    }
+    *out = x;
+    *as_int = v;
+    return 0;
+}
+
+static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "extend(seq_id, tokens)");
         return NULL;
     }
-    PyObject *seqs = NULL, *seq = NULL, *active = NULL, *open_all = NULL, *root = NULL, *it = NULL;
-    PyObject *result = NULL;
-    Py_ssize_t lo = 0, created = 0, max_depth;
-    int ok = 0, started = 0;
-
-    if ((seqs = PyObject_GetAttrString(tree, "seqs")) == NULL || !PyList_Check(seqs)) goto done;
-    if ((seq = get_list(tree, "seqs", seq_id)) == NULL || !PyList_Check(seq)) goto done;
-    if ((active = get_list(tree, "_active", seq_id)) == NULL || !PyList_Check(active)) goto done;
-    if ((open_all = PyObject_GetAttrString(tree, "_open")) == NULL || !PyList_Check(open_all)) goto done;
-    if ((root = PyObject_GetAttrString(tree, "root")) == NULL) goto done;
-    {
-        PyObject *md = PyObject_GetAttrString(tree, "max_depth");
-        if (md == NULL) goto done;
-        max_depth = PyLong_AsSsize_t(md);
-        Py_DECREF(md);
-        if (max_depth == -1 && PyErr_Occurred()) goto done;
+    Py_ssize_t sid = PyLong_AsSsize_t(args[0]);
+    if (sid == -1 && PyErr_Occurred()) return NULL;
+    if (sid < 0 || sid >= t->nseqs) {
+        PyErr_Format(PyExc_IndexError, "no sequence %zd", sid);
+        return NULL;
     }
-    lo = PyLong_AsSsize_t(PyList_GET_ITEM(open_all, seq_id)); /* active[:lo] are open leaves */
-    if (lo == -1 && PyErr_Occurred()) goto done;
-    /* Other sequences may have repeated some of them since (count 2 now): still a prefix. */
-    while (lo && geti(PyList_GET_ITEM(active, lo - 1), OFF_COUNT) != 1) lo--;
-    started = 1;
-    if ((it = PyObject_GetIter(tokens)) == NULL) goto done;
-    PyObject *item;
-    while ((item = PyIter_Next(it)) != NULL) {
-        PyObject *tok = PyNumber_Index(item);
-        Py_DECREF(item);
-        if (tok == NULL) goto done;
-        int rc = step(seqs, seq, active, root, seq_id, max_depth, &lo, &created, tok);
-        Py_DECREF(tok);
-        if (rc < 0) goto done;
+    /* 1. Every token as an int64 (Python code may run here: __index__, iterators), before the tree
+     *    changes; a bad token stops the list there, and the tokens before it are still appended. */
+    PyObject *fast = PySequence_Fast(args[1], "extend: tokens must be iterable");
+    if (fast == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast), ok_n = m;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int64_t stackbuf[64];
+    int64_t *vals = m <= 64 ? stackbuf : PyMem_Malloc((size_t)m * sizeof(int64_t));
+    if (vals == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
     }
-    if (!PyErr_Occurred()) ok = 1;
-
-done:
-    if (started) {
-        /* Write the open leaves' lengths, keep the open prefix and the node count (also on error,
-         * like the Python version's `finally`). */
-        PyObject *exc_type, *exc_value, *exc_tb;
-        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        Py_ssize_t end = PyList_GET_SIZE(seq);
-        for (Py_ssize_t i = 0; i < lo; i++) {
-            PyObject *leaf = PyList_GET_ITEM(active, i);
-            if (seti(leaf, OFF_LENGTH, end - geti(leaf, OFF_REF_IDX)) < 0) ok = 0;
+    Seq *s = &t->seqs[sid];
+    PyObject *list = s->list;
+    Py_ssize_t list_len0 = PyList_GET_SIZE(list);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *as_int;
+        if (token_value(items[j], &vals[j], &as_int) < 0) {
+            ok_n = j;
+            break;
         }
-        PyObject *lo_obj = PyLong_FromSsize_t(lo);
-        if (lo_obj == NULL || PyList_SetItem(open_all, seq_id, lo_obj) < 0) ok = 0;
-        PyObject *nn = PyObject_GetAttrString(tree, "num_nodes");
-        if (nn != NULL) {
-            PyObject *delta = PyLong_FromSsize_t(created);
-            PyObject *sum = delta ? PyNumber_Add(nn, delta) : NULL;
-            if (sum == NULL || PyObject_SetAttrString(tree, "num_nodes", sum) < 0) ok = 0;
-            Py_XDECREF(sum);
-            Py_XDECREF(delta);
-            Py_DECREF(nn);
+        int rc = PyList_Append(list, as_int);
+        Py_DECREF(as_int);
+        if (rc < 0) {
+            ok_n = j;
+            break;
+        }
+    }
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    if (ok_n < m) PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    /* 2. The tree (no Python code from here on). */
+    Py_ssize_t done = 0;
+    if (ok_n > 0) {
+        if ((int64_t)s->len + ok_n > INT32_MAX) {
+            if (exc_type == NULL) PyErr_SetString(PyExc_OverflowError, "suffix tree: a sequence longer than 2**31 tokens");
+            goto out;
+        }
+        if (s->len + ok_n > s->cap) {
+            int64_t ncap = s->cap ? s->cap : 16;
+            while (ncap < s->len + ok_n) ncap *= 2;
+            if (ncap > INT32_MAX) ncap = INT32_MAX;
+            int64_t *tok = PyMem_Realloc(s->tok, (size_t)ncap * sizeof(int64_t));
+            if (tok == NULL) {
+                if (exc_type == NULL) PyErr_NoMemory();
+                goto out;
+            }
+            s->tok = tok;
+            s->cap = (int32_t)ncap;
+        }
+        /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
+        int32_t *act = s->act + s->astart;
+        while (s->lo && ND(act[s->lo - 1]).count != 1) s->lo--;
+        t->version++;
+        for (; done < ok_n; done++) {
+            if (reserve(t, t->max_depth + 1) < 0) break;
+            step(t, (int32_t)sid, vals[done]);
+        }
+        finish_extend(t, (int32_t)sid);
+    }
+out:
+    if (done < m && PyList_GET_SIZE(list) > list_len0 + done) {
+        /* what was not appended leaves the Python list too */
+        PyObject *e1, *e2, *e3;
+        PyErr_Fetch(&e1, &e2, &e3);
+        PyList_SetSlice(list, list_len0 + done, PyList_GET_SIZE(list), NULL);
+        PyErr_Restore(e1, e2, e3);
+    }
+    if (vals != stackbuf) PyMem_Free(vals);
+    Py_DECREF(fast);
+    if (exc_type != NULL) {
+        if (PyErr_Occurred()) { /* a later error (memory) wins */
+            Py_XDECREF(exc_type);
+            Py_XDECREF(exc_value);
+            Py_XDECREF(exc_tb);
         } else {
-            ok = 0;
-        }
-        if (exc_type != NULL) {
             PyErr_Restore(exc_type, exc_value, exc_tb);
-            ok = 0;
+        }
+        return NULL;
+    }
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Tree_add_sequence(Tree *t, PyObject *Py_UNUSED(ignored)) {
+    if (t->nseqs == t->seqs_cap) {
+        int32_t ncap = t->seqs_cap ? t->seqs_cap * 2 : 8;
+        Seq *seqs = PyMem_Realloc(t->seqs, (size_t)ncap * sizeof(Seq));
+        if (seqs == NULL) return PyErr_NoMemory();
+        t->seqs = seqs;
+        t->seqs_cap = ncap;
+    }
+    Seq *s = &t->seqs[t->nseqs];
+    memset(s, 0, sizeof(Seq));
+    if ((s->act = PyMem_Malloc((size_t)2 * (t->max_depth + 1) * sizeof(int32_t))) == NULL) return PyErr_NoMemory();
+    if ((s->list = PyList_New(0)) == NULL || PyList_Append(t->pyseqs, s->list) < 0) {
+        PyMem_Free(s->act);
+        Py_XDECREF(s->list);
+        return NULL;
+    }
+    return PyLong_FromLong(t->nseqs++);
+}
+
+/* ---- queries ---------------------------------------------------------------------------------- */
+
+/* Where pattern[0:m] ends: node and offset into its edge; 0 if absent. */
+static int locate(Tree *t, const int64_t *pat, Py_ssize_t m, int32_t *node_out, int32_t *off_out) {
+    int32_t node = 0, off = 0;
+    Py_ssize_t i = 0;
+    while (i < m) {
+        if (off == ND(node).length) {
+            int32_t c = child_find(t, node, pat[i]);
+            if (c == NONE) return 0;
+            node = c;
+            off = 0;
+        }
+        const CNode *nd = &ND(node);
+        Py_ssize_t take = nd->length - off;
+        if (take > m - i) take = m - i;
+        const int64_t *edge = t->seqs[nd->ref_seq].tok + nd->ref_idx + off;
+        for (Py_ssize_t j = 0; j < take; j++)
+            if (edge[j] != pat[i + j]) return 0;
+        off += (int32_t)take;
+        i += take;
+    }
+    *node_out = node;
+    *off_out = off;
+    return 1;
+}
+
+/* The last `want` items of a sequence as int64s into buf (which holds want); -1 on error. */
+static int tail_values(PyObject *seq, Py_ssize_t want, int64_t *buf, Py_ssize_t *len_out) {
+    PyObject *fast = PySequence_Fast(seq, "context must be a sequence of token ids");
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t take = n < want ? n : want;
+    for (Py_ssize_t j = 0; j < take; j++) {
+        PyObject *as_int;
+        if (token_value(items[n - take + j], &buf[j], &as_int) < 0) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        Py_DECREF(as_int);
+    }
+    Py_DECREF(fast);
+    *len_out = n;
+    return 0;
+}
+
+static PyObject *Tree_count(Tree *t, PyObject *pattern) {
+    PyObject *fast = PySequence_Fast(pattern, "pattern must be a sequence of token ids");
+    if (fast == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
+    Py_DECREF(fast);
+    int64_t *buf = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(int64_t));
+    if (buf == NULL) return PyErr_NoMemory();
+    Py_ssize_t n;
+    PyObject *res = NULL;
+    if (tail_values(pattern, m, buf, &n) == 0) {
+        int32_t node, off;
+        res = PyLong_FromLongLong(locate(t, buf, m, &node, &off) ? ND(node).count : 0);
+    }
+    PyMem_Free(buf);
+    return res;
+}
+
+/* ---- drafting (drafting.py) ------------------------------------------------------------------- */
+
+static int get_ssize(PyObject *o, PyObject *name, Py_ssize_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* DraftPath(tokens, probs) from the first n of toks/probs */
+static PyObject *make_path(const int64_t *toks, const double *probs, Py_ssize_t n) {
+    PyObject *tt = PyTuple_New(n), *pt = PyTuple_New(n);
+    if (tt == NULL || pt == NULL) goto fail;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *a = PyLong_FromLongLong(toks[j]), *b = PyFloat_FromDouble(probs[j]);
+        if (a == NULL || b == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(tt, j, a);
+        PyTuple_SET_ITEM(pt, j, b);
+    }
+    /* a frozen dataclass: object.__new__ and object.__setattr__, as its own __init__ does */
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) goto fail;
+    PyObject *p = PyBaseObject_Type.tp_new((PyTypeObject *)draft_path_type, empty, NULL);
+    Py_DECREF(empty);
+    if (p == NULL) goto fail;
+    if (PyObject_GenericSetAttr(p, s_tokens, tt) < 0 || PyObject_GenericSetAttr(p, s_probs, pt) < 0) {
+        Py_DECREF(p);
+        goto fail;
+    }
+    Py_DECREF(tt);
+    Py_DECREF(pt);
+    return p;
+fail:
+    Py_XDECREF(tt);
+    Py_XDECREF(pt);
+    return NULL;
+}
+
+/* The most frequent child of `node` (smallest token on ties). */
+static inline int32_t best_child(Tree *t, int32_t node) {
+    int32_t best = NONE;
+    for (int32_t c = ND(node).first; c != NONE; c = ND(c).next) {
+        if (best == NONE || ND(c).count > ND(best).count || (ND(c).count == ND(best).count && ND(c).tok < ND(best).tok))
+            best = c;
+    }
+    return best;
+}
+
+/* drafting._linear: appends the path to `out` (nothing if empty) */
+static int draft_linear(Tree *t, int32_t node, int32_t off, Py_ssize_t budget, double floor, PyObject *out) {
+    int64_t tbuf[256];
+    double pbuf[256];
+    int64_t *toks = tbuf;
+    double *probs = pbuf;
+    if (budget > 256) {
+        toks = PyMem_Malloc((size_t)budget * sizeof(int64_t));
+        probs = PyMem_Malloc((size_t)budget * sizeof(double));
+        if (toks == NULL || probs == NULL) {
+            PyMem_Free(toks);
+            PyMem_Free(probs);
+            PyErr_NoMemory();
+            return -1;
         }
     }
-    if (ok) result = Py_NewRef(Py_None);
-    else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "extend(tree, seq_id, tokens): bad tree");
-    Py_XDECREF(it);
-    Py_XDECREF(root);
-    Py_XDECREF(open_all);
-    Py_XDECREF(active);
-    Py_XDECREF(seq);
-    Py_XDECREF(seqs);
-    return result;
+    Py_ssize_t n = 0;
+    double prob = 1.0;
+    while (n < budget) {
+        const CNode *nd = &ND(node);
+        int64_t tok;
+        if (off < nd->length) {
+            tok = t->seqs[nd->ref_seq].tok[nd->ref_idx + off];
+            off++;
+        } else {
+            if (nd->first == NONE) break;
+            int32_t best = best_child(t, node);
+            double p = prob * (double)ND(best).count / (double)nd->count;
+            if (p < floor) break;
+            prob = p;
+            tok = ND(best).tok;
+            node = best;
+            off = 1;
+        }
+        toks[n] = tok;
+        probs[n] = prob;
+        n++;
+    }
+    int rc = 0;
+    if (n) {
+        PyObject *p = make_path(toks, probs, n);
+        if (p == NULL || PyList_Append(out, p) < 0) rc = -1;
+        Py_XDECREF(p);
+    }
+    if (toks != tbuf) {
+        PyMem_Free(toks);
+        PyMem_Free(probs);
+    }
+    return rc;
+}
+
+/* drafting._multi_path. A beam: its probability, node, offset and its tokens/probs so far (in
+ * flat arrays, `budget` per beam). */
+typedef struct {
+    double prob;
+    int32_t node, off;
+    Py_ssize_t idx; /* row in the history arrays */
+} Beam;
+
+typedef struct {
+    int64_t *toks;
+    double *probs;
+    Py_ssize_t len; /* tokens per history row at this step */
+} Hist;
+
+static Py_ssize_t g_cmp_len;
+static const int64_t *g_cmp_toks;
+static Py_ssize_t g_cmp_stride;
+
+/* grown.sort(key=lambda b: (-b.prob, b.tokens)) (all histories have the same length) */
+static int beam_cmp(const void *a, const void *b) {
+    const Beam *x = a, *y = b;
+    if (x->prob > y->prob) return -1;
+    if (x->prob < y->prob) return 1;
+    const int64_t *tx = g_cmp_toks + x->idx * g_cmp_stride, *ty = g_cmp_toks + y->idx * g_cmp_stride;
+    for (Py_ssize_t j = 0; j < g_cmp_len; j++) {
+        if (tx[j] < ty[j]) return -1;
+        if (tx[j] > ty[j]) return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    double score;
+    Py_ssize_t len;
+    int64_t *toks;
+    double *probs;
+} Cand;
+
+/* paths.sort(key=lambda d: (-d.score, d.tokens)); score = sum(probs) as Python 3.11's sum() adds
+ * floats (left to right, in doubles) */
+static int cand_cmp(const void *a, const void *b) {
+    const Cand *x = a, *y = b;
+    if (x->score > y->score) return -1;
+    if (x->score < y->score) return 1;
+    Py_ssize_t m = x->len < y->len ? x->len : y->len;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (x->toks[j] < y->toks[j]) return -1;
+        if (x->toks[j] > y->toks[j]) return 1;
+    }
+    return (x->len > y->len) - (x->len < y->len);
+}
+
+/* Appends the ranked paths to `out`; all of them (for the caller to rank) when `rank` is 0. */
+static int draft_multi(Tree *t, int32_t node0, int32_t off0, Py_ssize_t budget, double floor, Py_ssize_t k,
+                       int rank, PyObject *out) {
+    int rc = -1;
+    /* storage: beams (<= k) and grown (<= sum of children + k); histories copied per entry */
+    Py_ssize_t beams_cap = 1, grown_cap = 0, grown_n = 0, beams_n = 1;
+    Beam *beams = PyMem_Malloc(sizeof(Beam)), *grown = NULL;
+    Hist bh = {NULL, NULL, 0}, gh = {NULL, NULL, 0};
+    Py_ssize_t stride = budget ? budget : 1;
+    Cand *done = NULL;
+    Py_ssize_t done_n = 0, done_cap = 0;
+    bh.toks = PyMem_Malloc((size_t)stride * sizeof(int64_t));
+    bh.probs = PyMem_Malloc((size_t)stride * sizeof(double));
+    if (beams == NULL || bh.toks == NULL || bh.probs == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    beams[0].prob = 1.0;
+    beams[0].node = node0;
+    beams[0].off = off0;
+    beams[0].idx = 0;
+    bh.len = 0;
+    (void)beams_cap;
+#define PUSH_DONE(TOKS, PROBS, LEN)                                                          \
+    do {                                                                                     \
+        if (done_n == done_cap) {                                                            \
+            Py_ssize_t nc = done_cap ? done_cap * 2 : 16;                                   \
+            Cand *nd_ = PyMem_Realloc(done, (size_t)nc * sizeof(Cand));                      \
+            if (nd_ == NULL) {                                                               \
+                PyErr_NoMemory();                                                            \
+                goto cleanup;                                                                \
+            }                                                                                \
+            done = nd_;                                                                      \
+            done_cap = nc;                                                                   \
+        }                                                                                    \
+        Cand *c_ = &done[done_n];                                                            \
+        c_->len = (LEN);                                                                     \
+        c_->toks = PyMem_Malloc((size_t)(c_->len ? c_->len : 1) * sizeof(int64_t));          \
+        c_->probs = PyMem_Malloc((size_t)(c_->len ? c_->len : 1) * sizeof(double));          \
+        if (c_->toks == NULL || c_->probs == NULL) {                                         \
+            PyMem_Free(c_->toks);                                                            \
+            PyMem_Free(c_->probs);                                                           \
+            PyErr_NoMemory();                                                                \
+            goto cleanup;                                                                    \
+        }                                                                                    \
+        memcpy(c_->toks, (TOKS), (size_t)c_->len * sizeof(int64_t));                         \
+        memcpy(c_->probs, (PROBS), (size_t)c_->len * sizeof(double));                        \
+        done_n++;                                                                            \
+    } while (0)
+
+    for (Py_ssize_t step_i = 0; step_i < budget; step_i++) {
+        /* size grown: each beam yields 1 (inside an edge) or up to its number of children */
+        Py_ssize_t need = 0;
+        for (Py_ssize_t b = 0; b < beams_n; b++) {
+            const CNode *nd = &ND(beams[b].node);
+            need += beams[b].off < nd->length ? 1 : nd->nkids;
+        }
+        if (need > grown_cap) {
+            Py_ssize_t nc = need;
+            Beam *g = PyMem_Realloc(grown, (size_t)nc * sizeof(Beam));
+            if (g == NULL) {
+                PyErr_NoMemory();
+                goto cleanup;
+            }
+            grown = g;
+            int64_t *gt = PyMem_Realloc(gh.toks, (size_t)nc * stride * sizeof(int64_t));
+            if (gt == NULL) {
+                PyErr_NoMemory();
+                goto cleanup;
+            }
+            gh.toks = gt;
+            double *gp = PyMem_Realloc(gh.probs, (size_t)nc * stride * sizeof(double));
+            if (gp == NULL) {
+                PyErr_NoMemory();
+                goto cleanup;
+            }
+            gh.probs = gp;
+            grown_cap = nc;
+        }
+        grown_n = 0;
+        Py_ssize_t L = bh.len;
+        for (Py_ssize_t b = 0; b < beams_n; b++) {
+            const Beam *bm = &beams[b];
+            const CNode *nd = &ND(bm->node);
+            const int64_t *src_t = bh.toks + bm->idx * stride;
+            const double *src_p = bh.probs + bm->idx * stride;
+            if (bm->off < nd->length) {
+                Beam *g = &grown[grown_n];
+                g->prob = bm->prob;
+                g->node = bm->node;
+                g->off = bm->off + 1;
+                g->idx = grown_n;
+                memcpy(gh.toks + grown_n * stride, src_t, (size_t)L * sizeof(int64_t));
+                memcpy(gh.probs + grown_n * stride, src_p, (size_t)L * sizeof(double));
+                gh.toks[grown_n * stride + L] = t->seqs[nd->ref_seq].tok[nd->ref_idx + bm->off];
+                gh.probs[grown_n * stride + L] = bm->prob;
+                grown_n++;
+                continue;
+            }
+            int extended = 0;
+            for (int32_t c = nd->first; c != NONE; c = ND(c).next) {
+                double p = bm->prob * (double)ND(c).count / (double)nd->count;
+                if (p >= floor) {
+                    Beam *g = &grown[grown_n];
+                    g->prob = p;
+                    g->node = c;
+                    g->off = 1;
+                    g->idx = grown_n;
+                    memcpy(gh.toks + grown_n * stride, src_t, (size_t)L * sizeof(int64_t));
+                    memcpy(gh.probs + grown_n * stride, src_p, (size_t)L * sizeof(double));
+                    gh.toks[grown_n * stride + L] = ND(c).tok;
+                    gh.probs[grown_n * stride + L] = p;
+                    grown_n++;
+                    extended = 1;
+                }
+            }
+            if (!extended) PUSH_DONE(src_t, src_p, L);
+        }
+        if (grown_n == 0) {
+            beams_n = 0;
+            break;
+        }
+        g_cmp_len = L + 1;
+        g_cmp_toks = gh.toks;
+        g_cmp_stride = stride;
+        qsort(grown, (size_t)grown_n, sizeof(Beam), beam_cmp);
+        /* beams = grown[:k]: swap the roles of the two storages */
+        Py_ssize_t keep = grown_n < k ? grown_n : k;
+        Beam *tb = beams;
+        beams = grown;
+        grown = tb;
+        Py_ssize_t tcap = grown_cap;
+        grown_cap = beams_cap;
+        beams_cap = tcap;
+        Hist th = bh;
+        bh = gh;
+        gh = th;
+        bh.len = L + 1;
+        beams_n = keep;
+    }
+    for (Py_ssize_t b = 0; b < beams_n; b++)
+        PUSH_DONE(bh.toks + beams[b].idx * stride, bh.probs + beams[b].idx * stride, bh.len);
+#undef PUSH_DONE
+    {
+        /* drop the empty ones, rank, keep k */
+        Py_ssize_t w = 0;
+        for (Py_ssize_t j = 0; j < done_n; j++) {
+            if (done[j].len == 0) {
+                PyMem_Free(done[j].toks);
+                PyMem_Free(done[j].probs);
+                continue;
+            }
+            double s = 0.0;
+            for (Py_ssize_t q = 0; q < done[j].len; q++) s += done[j].probs[q];
+            done[j].score = s;
+            done[w++] = done[j];
+        }
+        done_n = w;
+        Py_ssize_t emit = done_n;
+        if (rank) {
+            qsort(done, (size_t)done_n, sizeof(Cand), cand_cmp);
+            if (emit > k) emit = k;
+        }
+        for (Py_ssize_t j = 0; j < emit; j++) {
+            PyObject *p = make_path(done[j].toks, done[j].probs, done[j].len);
+            if (p == NULL || PyList_Append(out, p) < 0) {
+                Py_XDECREF(p);
+                goto cleanup;
+            }
+            Py_DECREF(p);
+        }
+    }
+    rc = 0;
+cleanup:
+    for (Py_ssize_t j = 0; j < done_n; j++) {
+        PyMem_Free(done[j].toks);
+        PyMem_Free(done[j].probs);
+    }
+    PyMem_Free(done);
+    PyMem_Free(beams);
+    PyMem_Free(grown);
+    PyMem_Free(bh.toks);
+    PyMem_Free(bh.probs);
+    PyMem_Free(gh.toks);
+    PyMem_Free(gh.probs);
+    return rc;
+}
+
+/* draft(context, params[, rank=True]) -> (paths, match_len): drafting.draft on this tree. With
+ * rank false, top_k > 1 returns every candidate path unranked (the caller ranks them). */
+static PyObject *Tree_draft(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "draft(context, params[, rank])");
+        return NULL;
+    }
+    if (draft_path_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_suffix_core.bind(DraftPath) first");
+        return NULL;
+    }
+    int rank = 1;
+    if (nargs == 3 && (rank = PyObject_IsTrue(args[2])) < 0) return NULL;
+    PyObject *params = args[1];
+    Py_ssize_t max_spec, lmin, lmax, topk;
+    if (get_ssize(params, s_max_spec, &max_spec) < 0 || get_ssize(params, s_lmin, &lmin) < 0 ||
+        get_ssize(params, s_lmax, &lmax) < 0 || get_ssize(params, s_topk, &topk) < 0)
+        return NULL;
+    PyObject *fl = PyObject_GetAttr(params, s_floor);
+    if (fl == NULL) return NULL;
+    double floor = PyFloat_AsDouble(fl);
+    Py_DECREF(fl);
+    if (floor == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *paths = PyList_New(0);
+    if (paths == NULL) return NULL;
+    Py_ssize_t match_len = 0;
+    if (max_spec > 0) {
+        Py_ssize_t want = lmax < t->max_depth - 1 ? lmax : t->max_depth - 1;
+        if (want < 0) want = 0;
+        int64_t cbuf[128];
+        int64_t *ctx = want <= 128 ? cbuf : PyMem_Malloc((size_t)want * sizeof(int64_t));
+        if (ctx == NULL) {
+            Py_DECREF(paths);
+            return PyErr_NoMemory();
+        }
+        Py_ssize_t n;
+        if (tail_values(args[0], want, ctx, &n) < 0) {
+            if (ctx != cbuf) PyMem_Free(ctx);
+            Py_DECREF(paths);
+            return NULL;
+        }
+        Py_ssize_t have = n < want ? n : want; /* ctx[0:have] is the context's tail */
+        Py_ssize_t hi = have, lo = lmin;
+        int32_t bnode = NONE, boff = 0;
+        while (lo <= hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            int32_t node, off;
+            if (locate(t, ctx + have - mid, mid, &node, &off) && (off < ND(node).length || ND(node).first != NONE)) {
+                bnode = node;
+                boff = off;
+                match_len = mid;
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if (ctx != cbuf) PyMem_Free(ctx);
+        if (bnode != NONE) {
+            Py_ssize_t budget = max_spec < t->max_depth - match_len ? max_spec : t->max_depth - match_len;
+            int rc = topk == 1 ? draft_linear(t, bnode, boff, budget, floor, paths)
+                               : draft_multi(t, bnode, boff, budget, floor, topk, rank, paths);
+            if (rc < 0) {
+                Py_DECREF(paths);
+                return NULL;
+            }
+        }
+    }
+    PyObject *ml = PyLong_FromSsize_t(match_len);
+    if (ml == NULL) {
+        Py_DECREF(paths);
+        return NULL;
+    }
+    PyObject *res = PyTuple_Pack(2, paths, ml);
+    Py_DECREF(paths);
+    Py_DECREF(ml);
+    return res;
+}
+
+/* ---- introspection ---------------------------------------------------------------------------- */
+
+/* Every node, parents first: (parent's position in the list or -1, count, length, ref_seq,
+ * ref_idx, growing). SuffixTree builds its Python view of a compiled tree from it. */
+static PyObject *Tree_dump(Tree *t, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    int32_t *queue = PyMem_Malloc((size_t)(t->num_nodes + 1) * sizeof(int32_t));
+    int32_t *pos_parent = PyMem_Malloc((size_t)(t->num_nodes + 1) * sizeof(int32_t));
+    if (queue == NULL || pos_parent == NULL) {
+        PyMem_Free(queue);
+        PyMem_Free(pos_parent);
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t head = 0, tail = 0;
+    queue[tail] = 0;
+    pos_parent[tail++] = -1;
+    while (head < tail) {
+        int32_t id = queue[head];
+        const CNode *nd = &ND(id);
+        PyObject *row = Py_BuildValue("(iLiiii)", pos_parent[head], (long long)nd->count, nd->length, nd->ref_seq,
+                                      nd->ref_idx, nd->growing);
+        if (row == NULL || PyList_Append(out, row) < 0) {
+            Py_XDECREF(row);
+            Py_DECREF(out);
+            out = NULL;
+            break;
+        }
+        Py_DECREF(row);
+        for (int32_t c = nd->first; c != NONE; c = ND(c).next) {
+            if (tail > t->num_nodes) {
+                PyErr_SetString(PyExc_RuntimeError, "suffix tree: node count mismatch");
+                Py_DECREF(out);
+                out = NULL;
+                goto done;
+            }
+            queue[tail] = c;
+            pos_parent[tail++] = (int32_t)head;
+        }
+        head++;
+    }
+done:
+    PyMem_Free(queue);
+    PyMem_Free(pos_parent);
+    return out;
+}
+
+static PyObject *Tree_get_seqs(Tree *t, void *closure) { return Py_NewRef(t->pyseqs); }
+static PyObject *Tree_get_num_nodes(Tree *t, void *closure) { return PyLong_FromLongLong(t->num_nodes); }
+static PyObject *Tree_get_num_tokens(Tree *t, void *closure) { return PyLong_FromLongLong(ND(0).count); }
+static PyObject *Tree_get_max_depth(Tree *t, void *closure) { return PyLong_FromLong(t->max_depth); }
+static PyObject *Tree_get_version(Tree *t, void *closure) { return PyLong_FromUnsignedLongLong(t->version); }
+
+/* ---- the type --------------------------------------------------------------------------------- */
+
+static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"max_depth", NULL};
+    int max_depth = 64;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Tree", kw, &max_depth)) return -1;
+    if (max_depth < 2 || max_depth > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "max_depth must be in [2, 2**20]");
+        return -1;
+    }
+    if (t->nodes != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Tree is already initialized");
+        return -1;
+    }
+    t->max_depth = max_depth;
+    t->free_head = NONE;
+    if ((t->pyseqs = PyList_New(0)) == NULL) return -1;
+    if (reserve(t, 1) < 0) return -1;
+    new_node(t, -1, 0, 0, -1, -1, NONE); /* the root: id 0 */
+    ND(0).growing = 0;
+    t->num_nodes = 1;
+    return 0;
+}
+
+static void Tree_dealloc(Tree *t) {
+    for (int32_t i = 0; i < t->nseqs; i++) {
+        PyMem_Free(t->seqs[i].tok);
+        PyMem_Free(t->seqs[i].act);
+        Py_XDECREF(t->seqs[i].list);
+    }
+    PyMem_Free(t->seqs);
+    PyMem_Free(t->nodes);
+    PyMem_Free(t->tab);
+    Py_XDECREF(t->pyseqs);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyMethodDef Tree_methods[] = {
+    {"extend", (PyCFunction)(void (*)(void))Tree_extend, METH_FASTCALL,
+     "extend(seq_id, tokens): append tokens to a sequence (SuffixTree.extend)"},
+    {"add_sequence", (PyCFunction)Tree_add_sequence, METH_NOARGS, "add_sequence() -> new sequence id"},
+    {"count", (PyCFunction)Tree_count, METH_O, "count(pattern) -> occurrences"},
+    {"draft", (PyCFunction)(void (*)(void))Tree_draft, METH_FASTCALL,
+     "draft(context, params[, rank]) -> (paths, match_len): drafting.draft"},
+    {"dump", (PyCFunction)Tree_dump, METH_NOARGS, "every node, parents first (see SuffixTree.root)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Tree_getset[] = {
+    {"seqs", (getter)Tree_get_seqs, NULL, "the sequences (lists of ints; do not mutate)", NULL},
+    {"num_nodes", (getter)Tree_get_num_nodes, NULL, NULL, NULL},
+    {"num_tokens", (getter)Tree_get_num_tokens, NULL, NULL, NULL},
+    {"max_depth", (getter)Tree_get_max_depth, NULL, NULL, NULL},
+    {"version", (getter)Tree_get_version, NULL, "bumped by every extend", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TreeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "seer.dgds._suffix_core.Tree",
+    .tp_basicsize = sizeof(Tree),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A group's suffix tree in C (see seer.dgds.suffix_tree)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Tree_init,
+    .tp_dealloc = (destructor)Tree_dealloc,
+    .tp_methods = Tree_methods,
+    .tp_getset = Tree_getset,
+};
+
+static PyObject *bind(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes the DraftPath class");
+        return NULL;
+    }
+    Py_XSETREF(draft_path_type, Py_NewRef(cls));
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_O, "bind(Node): learn the slot offsets of suffix_tree.Node"},
-    {"extend", extend, METH_VARARGS, "extend(tree, seq_id, tokens): SuffixTree.extend"},
+    {"bind", bind, METH_O, "bind(DraftPath): the class drafts are returned as"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_suffix_core", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__suffix_core(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__suffix_core(void) {
+    if (PyType_Ready(&TreeType) < 0) return NULL;
+    if (!(s_tokens = PyUnicode_InternFromString("tokens")) || !(s_probs = PyUnicode_InternFromString("probs")) ||
+        !(s_max_spec = PyUnicode_InternFromString("max_spec_tokens")) ||
+        !(s_lmin = PyUnicode_InternFromString("pattern_lookup_min")) ||
+        !(s_lmax = PyUnicode_InternFromString("pattern_lookup_max")) ||
+        !(s_topk = PyUnicode_InternFromString("top_k")) || !(s_floor = PyUnicode_InternFromString("min_token_prob")))
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||
+        PyModule_AddIntConstant(m, "EXACT_RANK", PY_VERSION_HEX < 0x030C0000) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -11,10 +11,14 @@
    branches, best first (Seer's multi-path drafting).
 
 Ties break on the smaller token id so that equal trees (server and replica) give equal drafts.
+
+A compiled tree (``SuffixTree.compiled``) drafts in C (``_suffix_core.Tree.draft``): the same three
+steps, the same arithmetic, the same drafts; the functions below are the pure-Python reference.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from seer.dgds.suffix_tree import Node, SuffixTree
@@ -101,13 +105,27 @@ def _multi_path(
         grown.sort(key=lambda b: (-b[0], b[1]))
         beams = grown[:k]
     done.extend((toks, probs) for _, toks, probs, _, _ in beams)
-    paths = [DraftPath(tuple(t), tuple(p)) for t, p in done if t]
+    return _rank([DraftPath(tuple(t), tuple(p)) for t, p in done if t], k)
+
+
+# The core ranks top-k paths by sum(probs) added left to right, which is what sum() does up to
+# Python 3.11; later versions add floats with compensation, so there Python ranks the C paths.
+_C_RANKS = sys.version_info < (3, 12)
+
+
+def _rank(paths: list[DraftPath], k: int) -> list[DraftPath]:
     paths.sort(key=lambda d: (-d.score, d.tokens))
     return paths[:k]
 
 
 def draft(tree: SuffixTree, context: Sequence[int], params: DraftParams) -> tuple[list[DraftPath], int]:
     """Draft paths for ``context`` (best first) and the matched suffix length (0: no match)."""
+    core = tree._c
+    if core is not None:
+        if _C_RANKS or params.top_k == 1:
+            return core.draft(context, params)
+        paths, match_len = core.draft(context, params, False)
+        return _rank(paths, params.top_k), match_len
     if params.max_spec_tokens <= 0:
         return [], 0
     m = match_context(tree, context, params.pattern_lookup_min, params.pattern_lookup_max)

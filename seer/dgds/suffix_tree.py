@@ -14,8 +14,12 @@ it costs about as many steps as the current match length. The node layout is can
 exactly at the root, at branch points and where some window ends, so two trees fed the same
 sequences (in any interleaving) have the same nodes and counts; replicas rely on that.
 
-``extend`` runs in C when ``_suffix_core.c`` is built (``pip install -e .``), on the same ``Node``
-objects; ``_extend`` below is the same algorithm in Python, the fallback and the reference.
+With the compiled core (``_suffix_core.c``, built by ``pip install -e .``) the whole tree lives in
+C: the same nodes and counts in plain arrays, and ``extend`` and drafting (``drafting.draft``) run
+there; ``root``, ``iter_nodes`` and ``locate`` then read a Python view of it (``Node`` objects made
+from the C tree on demand: introspection, not the hot path). ``_extend`` below and drafting.py are
+the same algorithms in Python, the fallback and the reference; tests compare both, node for node
+and draft for draft.
 """
 
 from __future__ import annotations
@@ -27,9 +31,8 @@ from typing import Iterable, Iterator, Sequence
 class Node:
     """A tree node; its edge is ``seqs[ref_seq][ref_idx : ref_idx + length]`` (root: empty).
 
-    ``parent`` is kept by the pure-Python append only; the compiled core leaves it None so that its
-    trees are acyclic (freed by reference counting, invisible to the cyclic GC). Nothing outside
-    ``SuffixTree._extend`` reads it.
+    ``parent`` is read by ``SuffixTree._extend`` only. A compiled tree has no ``Node`` objects of its
+    own: its ``root`` is a view made of them (see ``SuffixTree.root``).
     """
 
     __slots__ = ("children", "parent", "count", "length", "ref_seq", "ref_idx", "growing")
@@ -47,26 +50,30 @@ class Node:
 
 
 def _load_core():
-    """The compiled ``extend`` (``_suffix_core.c``, built by ``pip install -e .``), or None."""
+    """The compiled core (``_suffix_core.c``, built by ``pip install -e .``), or None."""
     if os.environ.get("SEER_DGDS_PURE_PYTHON") == "1":
         return None
     try:
         from seer.dgds import _suffix_core
     except ImportError:
         return None
-    _suffix_core.bind(Node)
-    return _suffix_core.extend
+    if not hasattr(_suffix_core, "Tree"):  # a stale build of an older core: rebuild it
+        return None
+    from seer.dgds.types import DraftPath
+
+    _suffix_core.bind(DraftPath)
+    return _suffix_core
 
 
-_CORE_EXTEND = _load_core()
-COMPILED = _CORE_EXTEND is not None  # whether trees append with the compiled core by default
+_CORE = _load_core()
+COMPILED = _CORE is not None  # whether trees are compiled by default
 
 
 class SuffixTree:
     """Suffix tree of a group: ``add_sequence`` per request, then ``extend`` it with new tokens.
 
-    ``compiled``: append with the C core (default: when it is built, see ``COMPILED``) or with the
-    pure-Python ``_extend``; both build the very same tree.
+    ``compiled``: keep the tree in the C core (default: when it is built, see ``COMPILED``) or in
+    Python ``Node`` objects; both hold the very same tree and draft the very same tokens.
     """
 
     def __init__(self, max_depth: int = 64, compiled: bool | None = None):
@@ -74,14 +81,56 @@ class SuffixTree:
             raise ValueError("max_depth must be >= 2")
         if compiled and not COMPILED:
             raise RuntimeError("seer.dgds._suffix_core is not built (pip install -e .)")
-        self._core = _CORE_EXTEND if compiled is None or compiled else None
         self.max_depth = max_depth
-        self.root = Node(None, 0, 0, -1, -1)
-        self.root.children = {}  # never None, so `children is None` means a non-root leaf
-        self.seqs: list[list[int]] = []
+        self._c = None
+        if COMPILED and compiled is not False:
+            self._c = c = _CORE.Tree(max_depth)
+            self.seqs: list[list[int]] = c.seqs  # kept by the core (read only)
+            # The core's own methods, bound on the instance: an append costs no Python frame.
+            self.extend = c.extend  # type: ignore[method-assign]
+            self.add_sequence = c.add_sequence  # type: ignore[method-assign]
+            self._view: tuple[int, Node] | None = None  # (core version, root of the Python view)
+            return
+        self._root = Node(None, 0, 0, -1, -1)
+        self._root.children = {}  # never None, so `children is None` means a non-root leaf
+        self.seqs = []
         self._active: list[list[Node]] = []  # per sequence: where its growing windows end
         self._open: list[int] = []  # per sequence: how many of them (the oldest) are open leaves
-        self.num_nodes = 1
+        self._num_nodes = 1
+
+    @property
+    def compiled(self) -> bool:
+        return self._c is not None
+
+    @property
+    def root(self) -> Node:
+        """The root node. For a compiled tree, a Python copy of the C tree, made when first asked
+        for after an append (O(nodes): tests and tools, not the hot path)."""
+        c = self._c
+        if c is None:
+            return self._root
+        if self._view is None or self._view[0] != c.version:
+            self._view = (c.version, self._build_view(c.dump()))
+        return self._view[1]
+
+    def _build_view(self, rows: list[tuple[int, int, int, int, int, int]]) -> Node:
+        seqs = self.seqs
+        nodes: list[Node] = []
+        for parent_pos, count, length, ref_seq, ref_idx, growing in rows:
+            parent = nodes[parent_pos] if parent_pos >= 0 else None
+            node = Node(parent, count, length, ref_seq, ref_idx)
+            node.growing = bool(growing)
+            if parent is not None:
+                if parent.children is None:
+                    parent.children = {}
+                parent.children[seqs[ref_seq][ref_idx]] = node
+            nodes.append(node)
+        nodes[0].children = nodes[0].children or {}
+        return nodes[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._c.num_nodes if self._c is not None else self._num_nodes
 
     # ---- building -------------------------------------------------------------------------
 
@@ -104,9 +153,6 @@ class SuffixTree:
         sequence's appends can repeat an open leaf's text (its count becomes 2); that only shortens
         the open prefix, which is checked again at the next call.
         """
-        if self._core is not None:
-            self._core(self, seq_id, tokens)
-            return
         seq = self.seqs[seq_id]
         active = self._active[seq_id]
         lo = self._open[seq_id]  # active[:lo] are open leaves (growing, count 1)
@@ -123,7 +169,7 @@ class SuffixTree:
 
     def _extend(self, seq_id: int, seq: list[int], active: list[Node], lo: int, tokens: Iterable[int]) -> int:
         seqs = self.seqs
-        root = self.root
+        root = self._root
         max_depth = self.max_depth
         created = 0
         try:
@@ -205,14 +251,14 @@ class SuffixTree:
                 while lo < len(active) and active[lo].count == 1:
                     lo += 1
         finally:
-            self.num_nodes += created
+            self._num_nodes += created
         return lo
 
     # ---- queries --------------------------------------------------------------------------
 
     @property
     def num_tokens(self) -> int:
-        return self.root.count
+        return self._c.num_tokens if self._c is not None else self._root.count
 
     def locate(self, pattern: Sequence[int]) -> tuple[Node, int] | None:
         """Where ``pattern`` ends in the tree: (node, tokens of node's edge consumed), or None.
@@ -247,6 +293,8 @@ class SuffixTree:
 
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of ``pattern`` in the group's sequences (exact while len <= max_depth)."""
+        if self._c is not None:
+            return self._c.count(pattern)
         loc = self.locate(pattern)
         return 0 if loc is None else loc[0].count
 
