@@ -21,7 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifndef SCAN_MAX
 #define SCAN_MAX 4 /* up to this many children: found by scanning the sibling list, not hashed */
+#endif
 #define NONE (-1)
 
 typedef struct {
@@ -156,7 +158,7 @@ static int hash_reserve(Tree *t, int64_t extra) {
 
 /* room for `extra` more nodes and their hash entries (checked before each token, so that a step
  * never fails midway; new nodes come from the free list first, then from [nodes_top, nodes_cap)) */
-static int reserve(Tree *t, int32_t extra) {
+static int reserve_slow(Tree *t, int32_t extra) {
     if ((int64_t)t->nodes_top + extra > t->nodes_cap) {
         int64_t ncap = t->nodes_cap ? (int64_t)t->nodes_cap * 2 : 64;
         while (ncap < (int64_t)t->nodes_top + extra) ncap *= 2;
@@ -174,6 +176,13 @@ static int reserve(Tree *t, int32_t extra) {
     }
     /* a node crossing SCAN_MAX children hashes all of them at once */
     return hash_reserve(t, (int64_t)extra * (SCAN_MAX + 1));
+}
+
+static inline int reserve(Tree *t, int32_t extra) {
+    if ((int64_t)t->nodes_top + extra <= t->nodes_cap && t->tab != NULL &&
+        (uint64_t)(t->tab_used + (int64_t)extra * (SCAN_MAX + 1)) * 2 <= t->mask + 1)
+        return 0;
+    return reserve_slow(t, extra);
 }
 
 static int32_t new_node(Tree *t, int64_t tok, int64_t count, int32_t length, int32_t ref_seq, int32_t ref_idx,
@@ -211,7 +220,7 @@ static inline int32_t child_find(Tree *t, int32_t p, int64_t tok) {
     return NONE;
 }
 
-/* c (new, ND(c).tok set) becomes a child of p; the table has room (reserve) */
+/* c (ND(c).tok set, in no sibling list) becomes a child of p; the table has room (reserve) */
 static void child_add(Tree *t, int32_t p, int32_t c) {
     CNode *pn = &ND(p);
     ND(c).next = pn->first;
@@ -305,6 +314,7 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
                 c->parent = parent;
                 c->growing = 0;
                 c->tok = nd->tok;
+                if (nd->nkids > SCAN_MAX) hash_del(t, node, tok); /* (not with SCAN_MAX >= 1) */
                 nd->first = NONE;
                 nd->nkids = 0;
                 child_replace(t, parent, node, child);
@@ -335,8 +345,7 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
             c->parent = mid;
             c->tok = t->seqs[c->ref_seq].tok[c->ref_idx];
             child_replace(t, node, child, mid);
-            ND(mid).first = child;
-            ND(mid).nkids = 1;
+            child_add(t, mid, child);
             act[i] = mid;
             created++;
         }
@@ -394,7 +403,6 @@ static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *fast = PySequence_Fast(args[1], "extend: tokens must be iterable");
     if (fast == NULL) return NULL;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(fast), ok_n = m;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
     int64_t stackbuf[64];
     int64_t *vals = m <= 64 ? stackbuf : PyMem_Malloc((size_t)m * sizeof(int64_t));
     if (vals == NULL) {
@@ -405,8 +413,14 @@ static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *list = s->list;
     Py_ssize_t list_len0 = PyList_GET_SIZE(list);
     for (Py_ssize_t j = 0; j < m; j++) {
+        /* (items are re-read each time: `tokens` may be this very list, or change in __index__) */
         PyObject *as_int;
-        if (token_value(items[j], &vals[j], &as_int) < 0) {
+        if (j >= PySequence_Fast_GET_SIZE(fast)) {
+            PyErr_SetString(PyExc_RuntimeError, "extend: tokens changed size");
+            ok_n = j;
+            break;
+        }
+        if (token_value(PySequence_Fast_GET_ITEM(fast, j), &vals[j], &as_int) < 0) {
             ok_n = j;
             break;
         }
@@ -523,11 +537,15 @@ static int tail_values(PyObject *seq, Py_ssize_t want, int64_t *buf, Py_ssize_t 
     PyObject *fast = PySequence_Fast(seq, "context must be a sequence of token ids");
     if (fast == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
     Py_ssize_t take = n < want ? n : want;
     for (Py_ssize_t j = 0; j < take; j++) {
         PyObject *as_int;
-        if (token_value(items[n - take + j], &buf[j], &as_int) < 0) {
+        if (PySequence_Fast_GET_SIZE(fast) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "context changed size");
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (token_value(PySequence_Fast_GET_ITEM(fast, n - take + j), &buf[j], &as_int) < 0) {
             Py_DECREF(fast);
             return -1;
         }
