@@ -1,7 +1,7 @@
 """DGDS hot path: append throughput, fetch latency, batch_speculate latency for 256 requests.
 
     python bench/dgds_hotpath.py [--groups 32] [--group-size 8] [--tokens 2000] [--out bench/results]
-                                 [--arctic [DIR]]
+                                 [--arctic [DIR]] [--ab ROUNDS]
 
 Token streams are synthetic but shaped like a GRPO group's outputs: every response of a group
 stitches together phrases from a pool the group shares (the same problem, the same reasoning moves)
@@ -15,7 +15,10 @@ sdist: docs/dgds.md (b)) side by side on the very same streams, batches and 256 
 timed the same way: one tree per group (our layout), one tree per request, and its
 SuffixDecodingCache as vLLM uses it (a tree per request plus one global tree of all responses).
 DIR, if given, is put on sys.path first; without an importable module the side-by-side part is
-skipped with a message. Writes dgds_hotpath.json and dgds_hotpath.md.
+skipped with a message. --ab ROUNDS (with --arctic) then alternates the two trees in the same
+process, round after round (speculate: both layouts; append: both layouts, a round in four), and
+reports ArcticInference/ours per round: the two cores here are shared, and the load swings even
+CPU time between parts of one run. Writes dgds_hotpath.json and dgds_hotpath.md.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ def _timed_appends(streams: list[list[list[int]]], batch: int, build, repeats: i
 def bench_tree(streams: list[list[list[int]]], depth: int, batch: int,
                compiled: bool | None = None, repeats: int = 1) -> tuple[dict, list[SuffixTree]]:
     """Appends in the interleaved order an instance produces them: every request, `batch` tokens.
-    ``streams`` are the requests' outputs so far (the state mid-rollout). ``compiled``: the C
-    append core (default when built) or the pure-Python one (same trees). Each repeat builds the
+    ``streams`` are the requests' outputs so far (the state mid-rollout). ``compiled``: the tree in
+    the C core (default when built) or in Python (same trees). Each repeat builds the
     trees afresh; the headline is the best repeat (the two cores here are shared and SMT
     siblings, so a busy neighbour inflates even CPU time), the median is reported next to it."""
     def build():
@@ -254,6 +257,45 @@ def run_arctic(arctic: dict, prefixes: list[list[list[int]]], depth: int, batch:
     return out
 
 
+def run_ab(arctic: dict, prefixes: list[list[list[int]]], depth: int, batch: int, linear: DraftParams,
+           rounds: int) -> dict:
+    """Interleaved A/B: ours and ArcticInference's tree alternate, round after round, on the same
+    streams and rows (linear speculation: median of 5 per round; appends: one build per round,
+    every fourth round). Ratios are ArcticInference / ours (> 1: ours is faster)."""
+    rows = speculate_rows(prefixes, 256, linear)
+    ours = {"group": bench_tree(prefixes, depth, batch)[1], "request": bench_tree_per_request(prefixes, depth, batch)[1]}
+    theirs = {lay: bench_arctic_append(arctic, prefixes, depth, batch, lay, 1)[1] for lay in ("group", "request")}
+    out: dict = {"rounds": rounds, "speculate_ms": {}, "append_us": {}}
+    for lay in ("group", "request"):
+        out["speculate_ms"][lay] = {"seer": [], "arctic": []}
+        out["append_us"][lay] = {"seer": [], "arctic": []}
+    for r in range(rounds):
+        for lay in ("group", "request"):
+            sp = out["speculate_ms"][lay]
+            sp["seer"].append(bench_speculate(ours[lay], rows, 5)["p50_ms"])
+            sp["arctic"].append(bench_arctic_speculate(theirs[lay], rows, lay, 5)["p50_ms"])
+        if r % 4 == 0:
+            for lay in ("group", "request"):
+                ap = out["append_us"][lay]
+                if lay == "group":
+                    ap["seer"].append(bench_tree(prefixes, depth, batch)[0]["us_per_token"])
+                else:
+                    ap["seer"].append(bench_tree_per_request(prefixes, depth, batch)[0]["us_per_token"])
+                ap["arctic"].append(bench_arctic_append(arctic, prefixes, depth, batch, lay, 1)[0]["us_per_token"])
+    for kind in ("speculate_ms", "append_us"):
+        for lay, v in out[kind].items():
+            v["ratio"] = [a / b for a, b in zip(v["arctic"], v["seer"])]
+    return out
+
+
+def markdown_ab(ab: dict) -> str:
+    lines = ["", f"Interleaved A/B ({ab['rounds']} rounds; ArcticInference / Seer per round, > 1: Seer faster):", ""]
+    for kind, what in (("speculate_ms", "speculate 256, linear"), ("append_us", "append")):
+        for lay, v in ab[kind].items():
+            r = v["ratio"]
+            lines.append(f"- {what}, {lay} trees: min {min(r):.2f}x, median {statistics.median(r):.2f}x, "
+                         f"max {max(r):.2f}x ({len(r)} rounds)")
+    return "\n".join(lines) + "\n"
 
 
 def bench_service(streams: list[list[list[int]]], depth: int, batch: int) -> dict:
@@ -401,6 +443,8 @@ def markdown(res: dict) -> str:
     out = head + "\n".join(lines) + "\n"
     if "arctic" in res:
         out += markdown_arctic(res)
+    if "ab" in res:
+        out += markdown_ab(res["ab"])
     return out
 
 
@@ -416,6 +460,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--arctic", nargs="?", const="", default=None, metavar="DIR",
                     help="also run ArcticInference's suffix tree side by side (DIR: put on sys.path first)")
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="with --arctic: this many interleaved rounds of ours vs ArcticInference's tree")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     streams = [group_streams(rng, args.group_size, args.tokens) for _ in range(args.groups)]
@@ -451,6 +497,8 @@ def main() -> None:
             del trees_pr
             res["arctic"] = run_arctic(arctic, prefixes, args.depth, args.batch, args.repeats, linear, k4,
                                        {"drafts": drafts})
+            if args.ab > 0:
+                res["ab"] = run_ab(arctic, prefixes, args.depth, args.batch, linear, args.ab)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dgds_hotpath.json").write_text(json.dumps(res, indent=2))
     md = markdown(res)
