@@ -109,6 +109,8 @@ class SimInstance:
     local_share: float = 1.0  # DP: share of a position's compute on its own rank (the rest: experts)
     ridge_positions: float = math.inf  # query positions per request beyond which attention is compute-bound
     pool_vs_prefill: float = POOL_VS_PREFILL
+    chunk_latency_s: float = 0.0  # per chunk: out of the engine, not holding it up (bench/sim/chunk_model.py)
+    chunk_instance_s: float = 0.0  # per chunk: the instance's own admission time, nobody decodes meanwhile
     now: float = 0.0
     stall_until: float = 0.0  # prefill in progress: nobody decodes
     preemptions: int = 0
@@ -319,6 +321,11 @@ class SimInstance:
         if seq.migrated or (prev is not None and prev != pool.index):
             seq.load_s = self.pool_vs_prefill * self._prefill_parts(seq.context)[0]
             self.pool_loads += 1
+        # Every chunk is a request to the instance: its round trip delays it, its admission holds
+        # the instance (chunks arriving together queue behind each other).
+        seq.load_s += self.chunk_latency_s
+        if self.chunk_instance_s > 0.0:
+            self.stall_until = max(self.stall_until, self.now) + self.chunk_instance_s
         pool.waiting.append(seq)
         self._dirty = True
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.configs import select
+from bench.sim.chunk_model import GPU_CLUSTER
 from bench.sim.hardware import describe as describe_roofline
 from bench.sim.simulate import SimRun, SimSettings, simulate
 from bench.sim.speculation import AcceptanceTable
@@ -102,7 +103,8 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
     head = (f"Step-time model: roofline from the model's and the GPU's published sizes (bench/sim/hardware.py), "
             f"per scenario below. The measured fit, not used here: {fit_text}") if roofline else \
         f"Step-time model: {fit_text}"
-    lines = [f"`{command}`", "", head, ""]
+    lines = [f"`{command}`", "", head, "",
+             f"Per-chunk cost (bench/sim/chunk_model.py, GPU clusters): {GPU_CLUSTER.describe()}.", ""]
     for name, res in results.items():
         w = res["workload"]
         pools = (f", {w['dp_ranks']} DP-attention ranks of {w['kv_capacity_tokens'] // w['dp_ranks']:,} each"
@@ -160,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--set changes the workloads: give the run a --tag so it does not overwrite the recorded results")
 
     fit = load(args.step_times)
-    settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper(), roofline=args.step_model == "roofline")
+    settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper(), roofline=args.step_model == "roofline",
+                           chunk_cost=GPU_CLUSTER)
     configs = select(args.configs)
     seeds = [int(s) for s in args.seeds.split(",")]
     command = " ".join(["python -m bench.sim", *(sys.argv[1:] if argv is None else argv)])
     roofline = args.step_model == "roofline"
     print(fit.describe(), flush=True)
+    print(f"per-chunk cost: {settings.chunk_cost.describe()}", flush=True)
     results = {}
     for name in args.scenarios.split(","):
         t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
 
 from bench.configs import BenchConfig
+from bench.sim.chunk_model import ChunkCost
 from bench.sim.hardware import MODELS, attention_ridge_positions, dp_local_share
 from bench.sim.hardware import roofline as roofline_step
 from bench.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
@@ -39,6 +40,13 @@ class SimSettings:
     gamma_max: int = 8
     timeline_points: int = 300  # per instance, for plots
     roofline: bool = False  # paper workloads only: the step model from the model's and the GPU's sizes
+    # What every chunk costs beyond its steps (bench/sim/chunk_model.py): measured here by
+    # bench.sim.measure_chunks (load_chunk_costs()); GPU_CLUSTER for the paper's scenarios (bench.sim.run).
+    chunk_cost: ChunkCost = ChunkCost()
+    # False: no KV pool, as bench.compare's instances: a chunk that changes instance recomputes its
+    # prefix there (a prefill that holds the instance up), and placement keeps chunks with their prefix.
+    kv_pool: bool = True
+    block_size: int | None = None  # the instances' KV block (real tokens): chunks aligned to it; None: 1 unit
 
     def instance_step(self, workload: Workload) -> StepModel:
         """The step model of one of `workload`'s instances."""
@@ -100,9 +108,10 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     hidden_u = {k: min(_units(v, u), _units(workload.max_tokens, u)) for k, v in hidden.items()}
     cap = _units(workload.kv_capacity_tokens, u)
     sched = SchedulerConfig(
-        policy=config.policy, chunk_size=_units(workload.chunk_size, u), block_size=1,
+        policy=config.policy, chunk_size=_units(config.chunk_size or workload.chunk_size, u),
+        block_size=_units(settings.block_size, u) if settings.block_size else 1,
         affinity_gap_tokens=_units(512, u), kv_capacity_tokens=cap,
-        max_running=workload.max_num_seqs * workload.dp_ranks,
+        max_running=workload.max_num_seqs * workload.dp_ranks, kv_pool=settings.kv_pool,
     )
     told = hidden if oracle_lengths is None else oracle_lengths
     policy = sched.build_policy({k: _units(v, u) for k, v in told.items()} if config.oracle else None)
@@ -116,7 +125,9 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
                             gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
                             local_share=settings.local_share(workload),
                             ridge_positions=settings.attention_ridge(workload),
-                            pool_vs_prefill=settings.pool_vs_prefill) for n in names}
+                            pool_vs_prefill=settings.pool_vs_prefill,
+                            chunk_latency_s=settings.chunk_cost.latency_s,
+                            chunk_instance_s=settings.chunk_cost.instance_s) for n in names}
     heap: list[tuple[float, int, str]] = []
     version = {n: 0 for n in names}
 
@@ -138,10 +149,13 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
             remaining = hidden_u[(req.group_id, req.sample_index)] - req.generated
             goal = max(0, min(ticket.max_tokens, remaining))
             context = len(ticket.generate.prompt_ids)
-            prefill = context if ticket.chunk_index == 0 else 0.0
-            # A migrated chunk's prefix load is timed by the instance (on the rank it lands on).
+            # A chunk that stays finds its prefix in the instance's prefix cache. One that moves loads
+            # it from the KV pool (timed by the instance, on the rank it lands on) or, without a
+            # pool, recomputes it there.
+            recompute = ticket.chunk_index == 0 or (ticket.migrated and not settings.kv_pool)
+            prefill = context if recompute else 0.0
             seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, 0.0, float(prefill),
-                         probe=req.sample_index == 0, migrated=ticket.migrated)
+                         probe=req.sample_index == 0, migrated=ticket.migrated and settings.kv_pool)
             if config.speculate:
                 seq.accept = settings.acceptance.accept_rate(_references(disp, ticket))
             insts[ticket.instance].submit(seq, now)
