@@ -84,6 +84,26 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def parse_scheduler(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """`--sched FIELD=VALUE` items as SchedulerConfig field overrides (booleans, ints, floats)."""
+    from seer.scheduler import SchedulerConfig
+    derived = {"policy", "chunk_size", "block_size", "affinity_gap_tokens", "kv_capacity_tokens", "max_running",
+               "kv_pool"}  # set by simulate() from the configuration, the workload and its token unit
+    known = {f.name: f.default for f in fields(SchedulerConfig) if f.name not in derived}
+    out = []
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in known or not value:
+            raise SystemExit(f"--sched {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+        if isinstance(known[key], bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise SystemExit(f"--sched {item!r}: {key} is true or false")
+            out.append((key, value.lower() in ("true", "1")))
+        else:
+            out.append((key, float(value) if "." in value or "e" in value.lower() else int(value)))
+    return tuple(out)
+
+
 def check(result: dict) -> list[str]:
     """The issue's acceptance bar, as findings (empty = met)."""
     out = []
@@ -154,16 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a workload field for a sensitivity run (e.g. dp_ranks=1, "
                          "kv_capacity_tokens=1445753); needs --tag")
+    ap.add_argument("--sched", action="append", default=[], metavar="FIELD=VALUE",
+                    help="set a SchedulerConfig field for every configuration (e.g. early_packing=true); "
+                         "needs --tag")
     ap.add_argument("--tag", default=None, help="write sim_ablation[_roofline]_TAG.* instead")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     overrides = parse_overrides(args.set)
-    if overrides and not args.tag:
-        ap.error("--set changes the workloads: give the run a --tag so it does not overwrite the recorded results")
+    scheduler = parse_scheduler(args.sched)
+    if (overrides or scheduler) and not args.tag:
+        ap.error("--set and --sched change the runs: give the run a --tag so it does not overwrite the recorded results")
 
     fit = load(args.step_times)
     settings = SimSettings(step=fit.model, acceptance=AcceptanceTable.paper(), roofline=args.step_model == "roofline",
-                           chunk_cost=GPU_CLUSTER)
+                           chunk_cost=GPU_CLUSTER, scheduler=scheduler)
     configs = select(args.configs)
     seeds = [int(s) for s in args.seeds.split(",")]
     command = " ".join(["python -m bench.sim", *(sys.argv[1:] if argv is None else argv)])
@@ -184,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown({name: res}, fit.describe(), command, roofline).split("\n", 4)[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"command": command, "overrides": overrides, "step_model": asdict(fit.model), "fit": {
+    payload = {"command": command, "overrides": overrides, "scheduler": dict(scheduler), "step_model": asdict(fit.model), "fit": {
         "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
         "points": fit.points, "batch_range": fit.batch_range, "context_range": fit.context_range},
         "step_model_used": args.step_model, "acceptance": settings.acceptance.source, "scenarios": results}

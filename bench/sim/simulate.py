@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from seer.rollout.backend import Telemetry
 from seer.rollout.engine import stats_from_result
@@ -47,6 +47,9 @@ class SimSettings:
     # prefix there (a prefill that holds the instance up), and placement keeps chunks with their prefix.
     kv_pool: bool = True
     block_size: int | None = None  # the instances' KV block (real tokens): chunks aligned to it; None: 1 unit
+    # SchedulerConfig fields set for every configuration (`python -m bench.sim --sched FIELD=VALUE`),
+    # e.g. (("early_packing", True),): options a policy does not take are ignored by it.
+    scheduler: tuple[tuple[str, object], ...] = ()
 
     def instance_step(self, workload: Workload) -> StepModel:
         """The step model of one of `workload`'s instances."""
@@ -113,6 +116,8 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
         affinity_gap_tokens=_units(512, u), kv_capacity_tokens=cap,
         max_running=workload.max_num_seqs * workload.dp_ranks, kv_pool=settings.kv_pool,
     )
+    if settings.scheduler:
+        sched = replace(sched, **dict(settings.scheduler))
     told = hidden if oracle_lengths is None else oracle_lengths
     policy = sched.build_policy({k: _units(v, u) for k, v in told.items()} if config.oracle else None)
     prompt = [7] * _units(workload.prompt_tokens, u)

@@ -480,3 +480,24 @@ def test_roofline_settings_replace_the_measured_model_per_workload():
     k = SimSettings(STEP, AcceptanceTable.paper(), roofline=True).instance_step(PAPER_WORKLOADS["kimik2"])
     # DP attention: each GPU reads its replicated non-expert weights and its share of the experts every step
     assert k.fixed_s == pytest.approx(weight_bytes_per_gpu(MODELS["kimik2"], 32, 32) / H800.hbm_bytes_per_s)
+
+
+def test_sched_overrides_reach_the_policy_and_early_packing_admits_more():
+    """`python -m bench.sim --sched early_packing=true`: the option reaches the context policy (its
+    first chunks book only their prompt, so more start at once) and leaves divided rollout alone;
+    fields the simulator derives from the workload are refused."""
+    from bench.sim.run import parse_scheduler
+    assert parse_scheduler(["early_packing=true", "starvation_every=8"]) == (("early_packing", True),
+                                                                             ("starvation_every", 8))
+    for bad in ("chunk_size=4096", "early_packing=maybe", "nope=1"):
+        with pytest.raises(SystemExit):
+            parse_scheduler([bad])
+    w = tiny_workload(instances=1, groups=4, group_size=2, kv_capacity_tokens=200, chunk_size=64)
+    hidden = {(g, k): 40 + 5 * g + k for g in range(4) for k in range(2)}
+    packed = replace(SETTINGS, scheduler=(("early_packing", True),))
+    off = simulate(w, BY_NAME["context"], hidden, SETTINGS).stats
+    on = simulate(w, BY_NAME["context"], hidden, packed).stats
+    assert on.extra["mean_running"] > off.extra["mean_running"]
+    a = simulate(w, BY_NAME["divided"], hidden, SETTINGS).stats
+    b = simulate(w, BY_NAME["divided"], hidden, packed).stats
+    assert a.wall_s == b.wall_s and a.extra["mean_running"] == b.extra["mean_running"]
