@@ -140,10 +140,29 @@ def _prompts(s: CompareSettings, model_dir: Path) -> list[PromptSpec]:
     return encode_prompts(records, tok, s.max_model_len, min_new_tokens=s.max_tokens)
 
 
+def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix: str = "inst",
+                   extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> list:
+    """The benchmark's vLLM instances, one per core set, as `s` sizes them.
+
+    Dev mode: /reset_prefix_cache between runs. No chunked prefill: vLLM 0.32's CPU backend fails
+    on seeded requests whose prefill is split over steps. (A step budget as large as
+    max_num_seqs x max_model_len did the same, but vLLM's start-up profiles a batch of that many
+    tokens, which runs out of memory for the default model with 256 sequences.)
+    """
+    from seer.rollout.instance import InstanceSpec, free_port
+
+    batched = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, s.max_model_len)))
+    return [InstanceSpec(f"{prefix}{i}", str(model_dir), free_port(), cpus=c, max_model_len=s.max_model_len,
+                         kv_cache_bytes=s.kv_cache_bytes, max_num_seqs=s.max_num_seqs, seed=s.seed,
+                         weight_sync=False, env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
+                         extra_args=(*batched, *extra_args))
+            for i, c in enumerate(cores)]
+
+
 def run(s: CompareSettings, progress=print) -> dict:
     from seer.dgds.server import DgdsServer
     from seer.model import ensure_model
-    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+    from seer.rollout.instance import cpu_sets
     from seer.rollout.pool import InstancePool
 
     configs = select(s.configs)
@@ -155,23 +174,12 @@ def run(s: CompareSettings, progress=print) -> dict:
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     cores = cpu_sets(s.instances)
-    # Dev mode: /reset_prefix_cache between runs. No chunked prefill: vLLM 0.32's CPU backend fails
-    # on seeded requests whose prefill is split over steps. (A step budget as large as
-    # max_num_seqs x max_model_len did the same, but vLLM's start-up profiles a batch of that many
-    # tokens, which runs out of memory for the default model with 256 sequences.)
-    common = dict(model=str(model_dir), max_model_len=s.max_model_len, kv_cache_bytes=s.kv_cache_bytes,
-                  max_num_seqs=s.max_num_seqs, seed=s.seed, weight_sync=False,
-                  env={"VLLM_SERVER_DEV_MODE": "1"})
-    batched = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, s.max_model_len)))
-    plain_specs = [InstanceSpec(f"inst{i}", port=free_port(), cpus=c, extra_args=batched, **common)
-                   for i, c in enumerate(cores)]
+    plain_specs = instance_specs(s, model_dir, cores)
     want_sd = any(c.speculate for c in configs)
     dgds = DgdsServer("127.0.0.1", 0).start() if want_sd else None
     spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
-    sd_specs = [InstanceSpec(f"sd-inst{i}", port=free_port(), cpus=c,
-                             extra_args=(*batched, "--speculative-config", spec_flag),
-                             **{**common, "env": {**common["env"], "SEER_DGDS_ADDRESS": dgds.address}})
-                for i, c in enumerate(cores)] if want_sd else []
+    sd_specs = instance_specs(s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
+                              env={"SEER_DGDS_ADDRESS": dgds.address}) if want_sd else []
     t0 = time.monotonic()
     progress(f"starting {len(plain_specs) + len(sd_specs)} vLLM instances ({'plain + speculative' if want_sd else 'plain'})")
     runs: list[ConfigRun] = []

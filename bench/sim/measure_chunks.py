@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -73,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         print(ChunkCost(f["latency_s"], f["instance_s"]).describe())
         return 0
 
-    from bench.compare import CompareSettings, _prompts, run_one
+    from bench.compare import CompareSettings, _prompts, instance_specs, run_one
     from bench.configs import BenchConfig
     from bench.trace_backend import TraceBackend
     from seer.model import ensure_model
-    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+    from seer.rollout.instance import cpu_sets
     from seer.rollout.pool import InstancePool
 
     model = Path(args.model) if Path(args.model).is_dir() else ensure_model(args.model, progress=False)
@@ -86,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = sorted(os.sched_getaffinity(0))
     sets = cpu_sets(2) if len(cores) >= 2 else [",".join(map(str, cores))] * 2
     max_seqs = MAX_SEQS
-    specs = [InstanceSpec(f"inst{i}", str(model), free_port(), cpus=c, max_model_len=2048, kv_cache_bytes=64 << 20,
-                          max_num_seqs=max_seqs, seed=3, weight_sync=False, env={"VLLM_SERVER_DEV_MODE": "1"},
-                          extra_args=("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"))
-             for i, c in enumerate(sets)]
+    specs = instance_specs(CompareSettings(model=str(model), max_model_len=2048, kv_cache_bytes=64 << 20,
+                                           max_num_seqs=max_seqs, seed=3), model, sets)
     runs: list[dict] = []
     t0 = time.monotonic()
     with InstancePool.launch(specs, Path("/tmp") / "seer-bench-logs", ready_timeout_s=600) as pool:
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     result = fit(runs)
     data = {"fit": result, "runs": runs, "tokens": args.tokens, "model": args.model, "elapsed_s": time.monotonic() - t0,
             "machine": platform.platform(), "cpus": os.cpu_count(),
-            "command": "python -m bench.sim.measure_chunks " + " ".join(argv or [])}
+            "command": "python -m bench.sim.measure_chunks " + " ".join(sys.argv[1:] if argv is None else argv)}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"{ChunkCost(result['latency_s'], result['instance_s']).describe()}; per batch: "
           + ", ".join(f"B={s['batch']}: {s['slope_s_per_chunk'] * 1e3:.0f} ms/chunk" for s in result["per_batch"]))

@@ -85,13 +85,6 @@ def _units(tokens: float, unit: int) -> int:
     return max(1, int(round(tokens / unit)))
 
 
-def pool_load_s(step: StepModel, context_units: float, unit: int, pool_vs_prefill: float) -> float:
-    """Loading a migrated prefix from the KV pool: `pool_vs_prefill` of recomputing it on the
-    chunk's instance (`step` is that instance's model, spread over its devices). SimInstance
-    times it so (and, under DP attention, at the receiving rank's recompute time)."""
-    return pool_vs_prefill * step.prefill_s(context_units * unit)
-
-
 def _references(disp: Dispatcher, ticket: ChunkTicket) -> int:
     """Siblings already past this request's position: the group tree's references for its drafts."""
     req = ticket.request

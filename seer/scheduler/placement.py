@@ -130,21 +130,23 @@ def choose_instance(
     None means no instance can take the chunk now: wait.
     """
     best: InstanceLoad | None = None
-    home: InstanceLoad | None = None
+    prefix_load: InstanceLoad | None = None  # the prefix's instance, admitting or not
+    home: InstanceLoad | None = None  # the prefix's instance if it admits the chunk
     for load in loads:
+        if load.name == prefix_instance:
+            prefix_load = load
         if not admits(load, need, cfg):
             continue
         if best is None or _rank(load, cfg) > _rank(best, cfg):
             best = load
-        if load.name == prefix_instance:
+        if load is prefix_load:
             home = load
     if best is None or home is best:
         return best
     if home is None:  # the prefix instance cannot take it now (or there is no prefix yet)
-        if cfg.kv_pool or best.running == 0 or prefix_instance is None:
+        if cfg.kv_pool or best.running == 0 or prefix_load is None or prefix_load.down is not None:
             return best
-        prefix_load = next((load for load in loads if load.name == prefix_instance), None)
-        return best if prefix_load is None or prefix_load.down is not None else None
+        return None
     if best.running == 0 and home.running > 0:  # an idle instance takes work from a busy one
         return best
     if not cfg.kv_pool:

@@ -8,7 +8,7 @@ import pytest
 
 from bench.configs import BY_NAME, LADDER, select
 from bench.sim.instance import SimInstance, SimSeq
-from bench.sim.simulate import SimSettings, pool_load_s, simulate
+from bench.sim.simulate import SimSettings, simulate
 from bench.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_rate_for_length
 from bench.sim.step_model import StepModel, fit
 from bench.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
@@ -142,7 +142,11 @@ def test_token_unit_is_a_granularity_not_a_cost():
 def test_migration_loads_the_prefix_from_the_pool_on_the_instance_s_devices():
     """A pool load costs pool_vs_prefill of recomputing the real context on the chunk's instance."""
     tp8 = STEP.parallel(8)
-    assert pool_load_s(tp8, 100, 64, 0.09) == pytest.approx(0.09 * tp8.prefill_s(6400))
+    inst = SimInstance("a", capacity=10_000, max_num_seqs=8, step=tp8, unit=64, pool_vs_prefill=0.09)
+    seq = _seq(0, 100, 10)
+    seq.migrated = True
+    inst.submit(seq, 0.0)
+    assert seq.load_s == pytest.approx(0.09 * tp8.prefill_s(6400))
 
 
 def test_decode_time_integrates_the_growing_context():
@@ -157,14 +161,20 @@ def test_decode_time_integrates_the_growing_context():
     assert done["g0-s0"] == pytest.approx(exact, rel=0.01)
 
 
-def test_speculative_step_pays_its_drafting_time():
-    step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=0.0, prefill_per_token_s=0.0)
-    inst = SimInstance("a", capacity=10_000, max_num_seqs=8, step=step, unit=1, speculate=True)
-    seqs = [_seq(i, 10, 1000) for i in range(4)]
+def _speculating(step: StepModel, capacity: int, context: int, accept: float, **kw) -> tuple[SimInstance, list[SimSeq]]:
+    """A speculating instance with four chunks of `context` at acceptance `accept`, admitted."""
+    inst = SimInstance("a", capacity=capacity, max_num_seqs=8, step=step, unit=1, speculate=True, **kw)
+    seqs = [_seq(i, context, 1000) for i in range(4)]
     for s in seqs:
-        s.accept = 0.6
+        s.accept = accept
         inst.submit(s, 0.0)
     inst.settle()
+    return inst, seqs
+
+
+def test_speculative_step_pays_its_drafting_time():
+    step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=0.0, prefill_per_token_s=0.0)
+    inst, seqs = _speculating(step, 10_000, 10, 0.6)
     drafted = sum(_draft_len(s) for s in seqs)
     assert drafted > 0
     positions = sum(_draft_len(s) + 1 for s in seqs)
@@ -309,13 +319,7 @@ def test_speculative_step_pays_compute_bound_attention():
     step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=1e-7, prefill_per_token_s=0.0)
     from bench.sim.speculation import attention_multiplier
     for ridge in (math.inf, 2.0):
-        inst = SimInstance("a", capacity=100_000, max_num_seqs=8, step=step, unit=1, speculate=True,
-                           ridge_positions=ridge)
-        seqs = [_seq(i, 1000, 1000) for i in range(4)]
-        for s in seqs:
-            s.accept = 0.7
-            inst.submit(s, 0.0)
-        inst.settle()
+        inst, seqs = _speculating(step, 100_000, 1000, 0.7, ridge_positions=ridge)
         drafted = sum(_draft_len(s) for s in seqs)
         positions = sum(_draft_len(s) + 1 for s in seqs)
         attn_ctx = sum(s.context * attention_multiplier(_draft_len(s) + 1, ridge) for s in seqs)

@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.compare import CompareSettings, _prompts, run_one
+from bench.compare import CompareSettings, _prompts, instance_specs, run_one
 from bench.configs import BY_NAME, BenchConfig
 from bench.sim.chunk_model import ChunkCost, load_chunk_costs
 from bench.sim.simulate import SimSettings, simulate
@@ -85,7 +85,7 @@ def test_the_simulator_separates_the_baseline_from_the_chunked_configurations():
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_simulated_and_real_runs_agree_on_the_order(tiny_model, tmp_path):
-    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+    from seer.rollout.instance import cpu_sets
     from seer.rollout.pool import InstancePool
 
     t0 = time.monotonic()
@@ -97,11 +97,7 @@ def test_simulated_and_real_runs_agree_on_the_order(tiny_model, tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     sets = cpu_sets(2) if len(cores) >= 2 else [",".join(map(str, cores))] * 2
     # 512 B of KV per token for the tiny model: 64 MiB = 131072 slots, what WORKLOAD.kv_capacity_tokens says.
-    specs = [InstanceSpec(f"inst{i}", str(tiny_model), free_port(), cpus=c, max_model_len=s.max_model_len,
-                          kv_cache_bytes=64 << 20, max_num_seqs=MAX_SEQS, seed=3, weight_sync=False,
-                          env={"VLLM_SERVER_DEV_MODE": "1"},
-                          extra_args=("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"))
-             for i, c in enumerate(sets)]
+    specs = instance_specs(replace(s, kv_cache_bytes=64 << 20), tiny_model, sets)
     with InstancePool.launch(specs, tmp_path / "logs", ready_timeout_s=300) as pool:
         async def go():
             try:
