@@ -114,7 +114,7 @@ async def run_one(backends, clients, cfg: BenchConfig, prompts: list[PromptSpec]
         await c.reset_prefix_cache()
     # The instances run without a KV pool: a chunk that changes instance recomputes its prefix.
     sched = SchedulerConfig(policy=cfg.policy, chunk_size=cfg.chunk_size or s.chunk_size, max_running=s.max_num_seqs,
-                            kv_pool=False)
+                            kv_pool=False, **dict(cfg.sched))
     driver = RolloutDriver(backends, sched)
     sampling = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed,
                               ignore_eos=s.mode == "trace")  # replay: TraceBackend sets it per chunk

@@ -86,6 +86,8 @@ class InstanceClient:
             body["seed"] = int(sp.seed)
         if sp.ignore_eos:
             body["ignore_eos"] = True
+        if req.priority:
+            body["priority"] = int(req.priority)
         return body
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
@@ -115,6 +117,9 @@ class InstanceClient:
                     msg = data.get("error", data) if isinstance(data, dict) else data
                     if isinstance(msg, dict):
                         msg = msg.get("message", msg)
+                    if req.priority and "priority" in str(msg).lower():
+                        msg = (f"{msg} (the scheduler sends engine priorities: start the instance with "
+                               "--scheduling-policy priority, or set scheduler.engine_priority: false)")
                     raise InstanceError(f"{self.name}: request {req.request_id} rejected ({r.status}): {msg}")
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             raise InstanceUnavailable(f"{self.name} at {self.base_url}: {e!r}") from e

@@ -37,6 +37,9 @@ class InstanceSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     weight_sync: bool = True  # load new weights in place (seer.rollout.weights) and report versions
+    # vLLM's priority scheduling: with every chunk at priority 0 it is FCFS; it lets a policy that
+    # ranks its chunks (scheduler.engine_priority) choose which a full engine preempts.
+    scheduling_policy: str = "priority"
 
     @property
     def url(self) -> str:
@@ -55,6 +58,7 @@ class InstanceSpec:
             "--seed", str(self.seed),
             "--enable-prompt-tokens-details",
             "--disable-uvicorn-access-log",
+            "--scheduling-policy", self.scheduling_policy,
         ]
         if self.kv_cache_bytes:
             cmd += ["--kv-cache-memory-bytes", str(int(self.kv_cache_bytes))]

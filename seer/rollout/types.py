@@ -31,6 +31,7 @@ class GenerateRequest:
     max_tokens: int
     sampling: SamplingParams
     logprobs: bool = True
+    priority: int = 0  # engine priority (lower first, preempted last); nonzero needs a priority-scheduling engine
 
 
 @dataclass(frozen=True)

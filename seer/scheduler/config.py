@@ -24,6 +24,9 @@ class SchedulerConfig:
     starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
     continuations_first: bool = False  # context: a started request's next chunk goes before new requests
     early_packing: bool = False  # context: reserve KV for what a chunk is expected to generate (policies/context.py)
+    # context: chunks carry engine priorities (least progress = preempted first); the instances must run
+    # vLLM's priority scheduling (`--scheduling-policy priority`, which seer starts its instances with)
+    engine_priority: bool = False
     telemetry_interval_s: float = 0.5
     max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails
     # An instance with chunks in flight that answers nothing (no telemetry, no completed chunk) for
@@ -45,7 +48,8 @@ class SchedulerConfig:
         params = {}
         if self.policy == "context":
             params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every,
-                      "early_packing": self.early_packing, "continuations_first": self.continuations_first}
+                      "early_packing": self.early_packing, "continuations_first": self.continuations_first,
+                      "engine_priority": self.engine_priority}
         return make_policy(
             self.policy,
             chunk_size=self.chunk_size,

@@ -16,6 +16,9 @@ class Dispatch:
     max_tokens: int
     kv_tokens: int  # the reservation admission was checked against; the dispatcher books exactly this
     reason: str  # which rule chose it ("probe", "longest", "starvation", "fifo", "round_robin", "oracle")
+    # The engine's priority for the chunk (vLLM's convention: lower is scheduled first and preempted
+    # last); 0 for all unless the policy ranks chunks for the engine (Policy.engine_priority).
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class Dispatcher:
             kv_tokens=d.kv_tokens,
             migrated=prev is not None and prev != d.instance,
             dispatch_time=now,
-            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling),
+            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling, priority=d.priority),
         )
 
     def _release(self, ticket: ChunkTicket) -> None:

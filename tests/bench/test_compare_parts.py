@@ -29,6 +29,21 @@ def test_config_names_take_a_chunk_size():
             select(bad)
 
 
+def test_config_names_take_scheduler_settings():
+    cs = select("baseline,context@128+engine_priority=true+starvation_every=8,context+early_packing=0")
+    assert [c.name for c in cs] == ["baseline", "context@128+engine_priority=true+starvation_every=8",
+                                    "context+early_packing=0"]
+    assert cs[1].chunk_size == 128 and cs[1].sched == (("engine_priority", True), ("starvation_every", 8))
+    assert cs[2].chunk_size is None and cs[2].sched == (("early_packing", False),)
+    assert "engine_priority=True" in cs[1].label
+    # unknown fields, bad values and the fields the configuration and benchmark own are refused by name
+    for bad, names in (("context+nope=1", "nope"), ("context+early_packing=maybe", "true or false"),
+                       ("context+chunk_size=64", "chunk_size"), ("context+policy=divided", "policy"),
+                       ("context+starvation_every=x", "number")):
+        with pytest.raises(ValueError, match=names):
+            select(bad)
+
+
 def _chunk(rid, k, inst, t0, t1, *, prompt, cached, new, migrated=False, e2e_pad=0.0):
     return ChunkEvent(rid, f"{rid}-c{k}", 0, 0, k, inst, "fifo", 256, 512, prompt, cached, new, "length",
                       migrated, t0, t1, 100.0 + t0, 100.0 + t1, False)

@@ -361,3 +361,22 @@ def test_oracle_reserves_exactly_what_the_chunk_will_generate():
         p.on_dispatched(d)
         got[d.request.request_id] = (d.max_tokens, d.kv_tokens)
     assert got == {"g1-s1": (100, 860 + 50 - 1), "g0-s1": (100, 10 + 30 - 1)}
+
+
+# -- engine priority (context): a full engine preempts the chunk with the least progress --------
+
+def test_engine_priority_ranks_chunks_by_progress_and_is_off_by_default():
+    p = ContextAware(chunk_size=100, placement=CFG, engine_priority=True)
+    p.on_ready(request(0, 0, prompt_len=10))  # the probe, fresh
+    p.on_ready(request(0, 1, generated=300, prompt_len=10))  # a long request's continuation
+    got = {}
+    while not isinstance(d := p.pick(BIG), Wait):
+        p.on_dispatched(d)
+        got[d.request.request_id] = d.priority
+    assert got == {"g0-s0": 0, "g0-s1": -300}  # lower = preempted last (vLLM's convention)
+    off = ContextAware(chunk_size=100, placement=CFG)
+    off.on_ready(request(0, 1, generated=300, prompt_len=10))
+    assert off.pick(BIG).priority == 0
+    for other in (DividedFifo(chunk_size=100, placement=CFG), GroupRoundRobin(placement=CFG)):
+        other.on_ready(request(0, 1, generated=300, prompt_len=10))
+        assert other.pick(BIG).priority == 0

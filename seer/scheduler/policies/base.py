@@ -56,6 +56,14 @@ class Policy(ABC):
         """
         return max_tokens
 
+    def engine_priority(self, req: Request) -> int:
+        """The priority the engine gives the next chunk of `req` (lower: scheduled first, preempted last).
+
+        0 for every chunk unless the policy ranks them: then a full engine preempts the chunks the
+        policy cares least about instead of the most recently admitted one.
+        """
+        return 0
+
     def place(self, req: Request, loads: Sequence[InstanceLoad], reason: str) -> Decision:
         """Size `req`'s next chunk and find it an instance within the KV budget, or wait."""
         block = reservation_block_size(loads, self.placement)
@@ -66,4 +74,4 @@ class Policy(ABC):
         load = choose_instance(loads, need, req.last_instance, self.placement)
         if load is None:
             return Wait("kv_full")
-        return Dispatch(req, load.name, max_tokens, need, reason)
+        return Dispatch(req, load.name, max_tokens, need, reason, self.engine_priority(req))

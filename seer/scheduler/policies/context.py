@@ -57,6 +57,7 @@ class ContextAware(Policy):
         probe_index: int = 0,
         early_packing: bool = False,
         continuations_first: bool = False,
+        engine_priority: bool = False,
     ) -> None:
         """Starvation guard: at most every `starvation_every`-th dispatch goes to the request that
         has waited longest, once it has been passed over by `starvation_after` dispatches.
@@ -74,6 +75,7 @@ class ContextAware(Policy):
         self.probe_index = probe_index
         self.early_packing = early_packing
         self.continuations_first = continuations_first
+        self.ranks_engine = engine_priority
         self._probes = PriorityIndex()  # key: (generated,) -> shortest generated first
         # key: (fresh, -L_g, -generated) -> started requests first (continuations_first), then the
         # largest estimate, then most generated
@@ -106,6 +108,12 @@ class ContextAware(Policy):
             return 1 if req.generated == 0 else max_tokens  # 1: the prompt's blocks, nothing more
         remaining = self.estimate(g) - req.generated
         return max_tokens if remaining <= 0 else min(max_tokens, remaining)
+
+    def engine_priority(self, req: Request) -> int:
+        """With `engine_priority`: minus the tokens generated so far, so that a full engine preempts
+        the request with the least progress (the cheapest to recompute and, lengths being heavy-tailed,
+        the one with the least expected work left) and never a long request's continuation."""
+        return -req.generated if self.ranks_engine else 0
 
     def is_probe(self, req: Request) -> bool:
         return req.sample_index == self.probe_index
