@@ -1,4 +1,4 @@
-"""A modelled vLLM instance: continuous batching, FCFS admission, recompute preemption.
+"""A modelled vLLM instance: continuous batching, FCFS or priority admission, recompute preemption.
 
 What it reproduces of vLLM (V1 scheduler) is what decides rollout throughput:
   * requests wait in FCFS order and are admitted while their context fits in free KV (the head
@@ -6,6 +6,13 @@ What it reproduces of vLLM (V1 scheduler) is what decides rollout throughput:
   * running requests grow by one KV slot per generated token; when KV runs out, the most
     recently admitted request is preempted: its KV is freed, it goes back to the front of the
     queue, and on readmission its whole context is prefilled again (recompute);
+  * with `priority_scheduling` (vLLM's `--scheduling-policy priority`) the chunks' engine
+    priorities decide instead: the waiting queue is ordered by (priority, arrival) (lower first;
+    a preempted request goes back in at its place, not to the front) and the victim is the
+    running request with the largest (priority, arrival) (vllm/v1/core/sched/scheduler.py,
+    request_queue.py). Arrival is the order of submission to the instance. With every priority
+    equal this is the FCFS schedule: the head blocks, so admission follows arrival, the most
+    recently admitted is the latest arrival and a victim's place by arrival is the queue's front;
   * every step takes the step model's time for its batch and context; speculation turns a step
     into g + 1 positions per request that yield an acceptance-length's worth of tokens, and the
     drafting (the DGDS lookup, on the step's critical path) is added to the step. Attention reads
@@ -33,6 +40,7 @@ quantities are in simulator units (`unit` real tokens each); times are real seco
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -66,10 +74,21 @@ class SimSeq:
     admitted: int = -1
     preempted: int = 0
     rank: int = -1  # the DP rank (KV pool) it runs on
+    priority: int = 0  # the chunk's engine priority (vLLM: lower is scheduled first and preempted last)
+    arrival: int = -1  # order of arrival at the instance (vLLM's arrival_time, ties impossible)
 
     @property
     def remaining(self) -> float:
         return self.goal - self.made
+
+
+def _queue_order(s: SimSeq) -> tuple[int, int]:
+    """vLLM's priority order (Request.__lt__): priority, then arrival; the largest is the preemption victim."""
+    return s.priority, s.arrival
+
+
+def _admission(s: SimSeq) -> int:
+    return s.admitted
 
 
 @dataclass(frozen=True)
@@ -109,12 +128,15 @@ class SimInstance:
     local_share: float = 1.0  # DP: share of a position's compute on its own rank (the rest: experts)
     ridge_positions: float = math.inf  # query positions per request beyond which attention is compute-bound
     pool_vs_prefill: float = POOL_VS_PREFILL
+    # vLLM's --scheduling-policy: False: fcfs (priorities ignored), True: priority (see the module docstring)
+    priority_scheduling: bool = False
     chunk_latency_s: float = 0.0  # per chunk: out of the engine, not holding it up (bench/sim/chunk_model.py)
     chunk_instance_s: float = 0.0  # per chunk: the instance's own admission time, nobody decodes meanwhile
     now: float = 0.0
     stall_until: float = 0.0  # prefill in progress: nobody decodes
     preemptions: int = 0
     admissions: int = 0
+    arrivals: int = 0
     pool_loads: int = 0  # chunks that loaded their prefix from the KV pool (migrated or another rank)
     spec_tokens: float = 0.0  # tokens emitted by speculative steps, and the steps' request-count
     spec_rows: float = 0.0
@@ -296,14 +318,15 @@ class SimInstance:
                 pool.running = [s for s in pool.running if s.goal - s.made > 1e-6]
                 pool.used -= sum(s.context for s in ended)
                 done += ended
-            # Out of KV: preempt the most recently admitted (vLLM's FCFS victim) until the batch fits again.
+            # Out of KV: preempt until the batch fits again; the victim is the most recently admitted
+            # (FCFS) or the largest (priority, arrival) (priority scheduling).
             while len(pool.running) > 1 and pool.used > pool.capacity - EPS:
-                victim = max(pool.running, key=lambda s: s.admitted)
+                victim = max(pool.running, key=_queue_order if self.priority_scheduling else _admission)
                 pool.running.remove(victim)
                 pool.used -= victim.context
                 victim.preempted += 1
                 victim.prefill = victim.context  # recompute the whole context on readmission (same rank)
-                pool.waiting.appendleft(victim)
+                self._enqueue(pool, victim, preempted=True)
                 pool.preemptions += 1
                 self.preemptions += 1
         self.settle()
@@ -326,8 +349,19 @@ class SimInstance:
         seq.load_s += self.chunk_latency_s
         if self.chunk_instance_s > 0.0:
             self.stall_until = max(self.stall_until, self.now) + self.chunk_instance_s
-        pool.waiting.append(seq)
+        seq.arrival = self.arrivals
+        self.arrivals += 1
+        self._enqueue(pool, seq)
         self._dirty = True
+
+    def _enqueue(self, pool: RankPool, seq: SimSeq, preempted: bool = False) -> None:
+        """FCFS: new chunks at the back, preempted ones at the front; priority: in (priority, arrival) order."""
+        if self.priority_scheduling:
+            bisect.insort(pool.waiting, seq, key=_queue_order)
+        elif preempted:
+            pool.waiting.appendleft(seq)
+        else:
+            pool.waiting.append(seq)
 
     def _route(self) -> RankPool:
         """vLLM's DP load balancer: the rank with the lowest 4 x waiting + running (lowest index on ties)."""
@@ -353,7 +387,7 @@ class SimInstance:
                 head = pool.waiting[0]
                 headroom = self.block * (len(pool.running) + 1)
                 if pool.running and used + head.context + headroom > pool.capacity:
-                    break  # FCFS: the head blocks the queue
+                    break  # the head blocks the queue (under either policy)
                 pool.waiting.popleft()
                 if head.prefill > 0:
                     rank_s, experts_s = self._prefill_parts(head.prefill)

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-from bench.configs import select
+from bench.configs import parse_sched, select
 from bench.sim.chunk_model import GPU_CLUSTER
 from bench.sim.hardware import describe as describe_roofline
 from bench.sim.simulate import SimRun, SimSettings, simulate
@@ -86,22 +86,13 @@ def parse_overrides(items: list[str]) -> dict:
 
 def parse_scheduler(items: list[str]) -> tuple[tuple[str, object], ...]:
     """`--sched FIELD=VALUE` items as SchedulerConfig field overrides (booleans, ints, floats)."""
-    from seer.scheduler import SchedulerConfig
-    derived = {"policy", "chunk_size", "block_size", "affinity_gap_tokens", "kv_capacity_tokens", "max_running",
-               "kv_pool"}  # set by simulate() from the configuration, the workload and its token unit
-    known = {f.name: f.default for f in fields(SchedulerConfig) if f.name not in derived}
-    out = []
-    for item in items:
-        key, _, value = item.partition("=")
-        if key not in known or not value:
-            raise SystemExit(f"--sched {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
-        if isinstance(known[key], bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise SystemExit(f"--sched {item!r}: {key} is true or false")
-            out.append((key, value.lower() in ("true", "1")))
-        else:
-            out.append((key, float(value) if "." in value or "e" in value.lower() else int(value)))
-    return tuple(out)
+    # set by simulate() from the configuration, the workload and its token unit
+    derived = frozenset({"policy", "chunk_size", "block_size", "affinity_gap_tokens", "kv_capacity_tokens",
+                         "max_running", "kv_pool"})
+    try:
+        return parse_sched(items, derived)
+    except ValueError as e:
+        raise SystemExit(f"--sched {e}") from None
 
 
 def check(result: dict) -> list[str]:

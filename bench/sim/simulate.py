@@ -119,13 +119,17 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     disp = Dispatcher(prompts, workload.group_size, SamplingParams(max_tokens=_units(workload.max_tokens, u), seed=seed),
                       policy, names, kv_capacity_tokens=cap)
     step = settings.instance_step(workload)
+    # The engines schedule by the chunks' priorities when the policy sends them (vLLM's priority
+    # scheduling, as seer starts its instances); otherwise FCFS, which with every priority 0 is the
+    # same schedule (bench/sim/instance.py).
     insts = {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=config.speculate,
                             gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
                             local_share=settings.local_share(workload),
                             ridge_positions=settings.attention_ridge(workload),
                             pool_vs_prefill=settings.pool_vs_prefill,
                             chunk_latency_s=settings.chunk_cost.latency_s,
-                            chunk_instance_s=settings.chunk_cost.instance_s) for n in names}
+                            chunk_instance_s=settings.chunk_cost.instance_s,
+                            priority_scheduling=sched.engine_priority) for n in names}
     heap: list[tuple[float, int, str]] = []
     version = {n: 0 for n in names}
 
@@ -153,7 +157,8 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
             recompute = ticket.chunk_index == 0 or (ticket.migrated and not settings.kv_pool)
             prefill = context if recompute else 0.0
             seq = SimSeq(ticket, float(context), goal, remaining <= ticket.max_tokens, 0.0, float(prefill),
-                         probe=req.sample_index == 0, migrated=ticket.migrated and settings.kv_pool)
+                         probe=req.sample_index == 0, migrated=ticket.migrated and settings.kv_pool,
+                         priority=ticket.generate.priority)
             if config.speculate:
                 seq.accept = settings.acceptance.accept_rate(_references(disp, ticket))
             insts[ticket.instance].submit(seq, now)

@@ -111,6 +111,65 @@ def test_overloaded_instance_preempts_the_latest_admitted_and_recomputes_it():
     assert roomy.preemptions == 0 and max(done2.values()) < max(done.values())
 
 
+def test_priority_scheduling_preempts_the_lowest_priority_not_the_newest():
+    """vLLM's --scheduling-policy priority: the victim is the running request with the largest
+    (priority, arrival), and the waiting queue is ordered by it; with the priorities ignored (FCFS)
+    the newest is the victim, and with every priority equal the two agree."""
+    def trio(priorities):
+        seqs = [_seq(i, 10, 40) for i in range(3)]  # 3 x (10 + 40) = 150 > 100 slots: one is preempted
+        for s, p in zip(seqs, priorities):
+            s.priority = p
+        return seqs
+
+    ranked = [-30, 0, -20]  # a long request's continuation, a fresh request, another continuation
+    fcfs = trio(ranked)
+    run_instance(SimInstance("a", capacity=100, max_num_seqs=8, step=STEP, unit=1), fcfs)
+    assert [s.preempted > 0 for s in fcfs] == [False, False, True]  # FCFS: the newest
+    prio = trio(ranked)
+    done = run_instance(SimInstance("a", capacity=100, max_num_seqs=8, step=STEP, unit=1, priority_scheduling=True), prio)
+    assert [s.preempted > 0 for s in prio] == [False, True, False]  # the lowest priority (largest value)
+    assert done["g1-s0"] == max(done.values()) and all(s.made == pytest.approx(40) for s in prio)
+    flat = trio([0, 0, 0])
+    inst = SimInstance("a", capacity=100, max_num_seqs=8, step=STEP, unit=1, priority_scheduling=True)
+    run_instance(inst, flat)
+    assert [s.preempted > 0 for s in flat] == [False, False, True] and inst.preemptions == fcfs[2].preempted
+
+    # With equal priorities the two policies are the same schedule, also with arrivals over time
+    # and repeated preemptions: admission order stays arrival order (the head blocks), so the most
+    # recently admitted is the latest arrival and the front of the queue is its place by arrival.
+    def staggered(priority_scheduling):
+        inst = SimInstance("a", capacity=120, max_num_seqs=8, step=STEP, unit=1, priority_scheduling=priority_scheduling)
+        seqs = [_seq(i, 5 + 3 * i, 30 + 7 * i) for i in range(6)]
+        done, t = {}, 0.0
+        for k, s in enumerate(seqs):
+            inst.submit(s, t)
+            t = inst.next_event() if k % 2 else t
+            for d in inst.on_event(t):
+                done[d.ticket.request.request_id] = t
+        done.update(run_instance(inst, []))
+        return done, inst.preemptions, [s.preempted for s in seqs]
+    fcfs_run, prio_run = staggered(False), staggered(True)
+    assert fcfs_run[1] >= 2 and prio_run == fcfs_run
+
+    # Admission: lower priority value first, ties by arrival; the head still blocks (batch limit 2).
+    inst = SimInstance("a", capacity=1000, max_num_seqs=2, step=STEP, unit=1, priority_scheduling=True)
+    queued = trio([0, 0, -5]) + [_seq(3, 10, 40)]
+    for s in queued:
+        inst.submit(s, 0.0)
+    inst.settle()
+    assert inst.running == [queued[2], queued[0]] and list(inst.waiting) == [queued[1], queued[3]]
+    # A preempted request goes back in at its (priority, arrival) place, not to the front.
+    victim = queued[0]
+    inst.running.remove(victim)
+    inst.pools[0].used -= victim.context
+    inst._enqueue(inst.pools[0], victim, preempted=True)
+    assert list(inst.waiting) == [victim, queued[1], queued[3]]
+    late = _seq(4, 10, 40)
+    late.priority = 3
+    inst._enqueue(inst.pools[0], late, preempted=True)
+    assert list(inst.waiting)[-1] is late
+
+
 def test_fcfs_head_blocks_admission_and_batch_limit_holds():
     inst = SimInstance("a", capacity=100, max_num_seqs=2, step=STEP, unit=1)
     for s in [_seq(i, 10, 5) for i in range(4)]:
@@ -505,3 +564,25 @@ def test_sched_overrides_reach_the_policy_and_early_packing_admits_more():
     a = simulate(w, BY_NAME["divided"], hidden, SETTINGS).stats
     b = simulate(w, BY_NAME["divided"], hidden, packed).stats
     assert a.wall_s == b.wall_s and a.extra["mean_running"] == b.extra["mean_running"]
+
+
+def test_engine_priority_reaches_the_modelled_engines(monkeypatch):
+    """`--sched engine_priority=true`: the context policy's chunk priorities (minus the tokens
+    generated) reach the instances, which then schedule by priority; without it every chunk is
+    priority 0 on FCFS instances."""
+    seen = []
+    submit = SimInstance.submit
+
+    def spy(self, seq, now):
+        seen.append((self.priority_scheduling, seq.priority, seq.ticket.request.generated))
+        submit(self, seq, now)
+
+    monkeypatch.setattr(SimInstance, "submit", spy)
+    w = tiny_workload(instances=1, groups=4, group_size=2, kv_capacity_tokens=200, chunk_size=16)
+    hidden = {(g, k): 40 + 5 * g + k for g in range(4) for k in range(2)}
+    ranked = replace(SETTINGS, scheduler=(("early_packing", True), ("engine_priority", True)))
+    simulate(w, BY_NAME["context"], hidden, ranked)
+    assert all(on and p == -gen for on, p, gen in seen) and min(p for _, p, _ in seen) < 0
+    seen.clear()
+    simulate(w, BY_NAME["context"], hidden, SETTINGS)
+    assert seen and all(not on and p == 0 for on, p, _ in seen)
