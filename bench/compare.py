@@ -1,8 +1,8 @@
 """Rollout throughput, configuration by configuration, on real vLLM instances: `python -m bench.compare`.
 
-    python -m bench.compare [--mode model|trace|replay] [--model tiny] [--groups 16] [--group-size 4]
-                            [--repeats 3] [--configs all] [--out bench/results/compare]
-    python -m bench.compare --preset default-longtail      # the README's table
+    python -m bench.compare                                # the default workload, whole ladder (the README's table)
+    python -m bench.compare --preset tiny [--mode model|trace|replay] [--groups 16] [--group-size 4] ...
+    python -m bench.compare --configs baseline,context --repeats 2   # any setting is a flag
     python -m bench.compare --render DIR                   # re-summarize DIR/compare.json
 
 The same workload (prompts, per-chunk seeds, sampling, instances) runs under each configuration
@@ -80,15 +80,20 @@ class CompareSettings:
             raise ValueError("groups >= 1, group_size >= 2, repeats >= 1 and chunk_size >= 1 are required")
 
 
-# Named workloads. `default-longtail`: the embedded default model on the built-in task's fixed
-# 16-prompt set (`seer-run`'s default: 16 groups x G=16, max 2048 tokens, heavy-tailed lengths), two
-# instances whose KV memory, not max_num_seqs, bounds concurrency (docs/bench.md says why 32 MiB).
+# Named workloads. `default` (what `seer-bench compare` runs without flags): the embedded default
+# model on the built-in task's fixed 16-prompt set (`seer-run`'s default: 16 groups x G=16, max 2048
+# tokens, heavy-tailed lengths), two instances whose KV memory, not max_num_seqs, bounds concurrency
+# (docs/bench.md says why 32 MiB), the whole ladder. `default-longtail`: the same workload without
+# grouped speculative decoding (the runs recorded before it joined the default). `tiny`: the
+# CompareSettings defaults (tiny model, model mode), which tests and quick checks build on.
+LONGTAIL = dict(mode="replay", model="default", groups=16, group_size=16, max_tokens=2048, max_model_len=4096,
+                chunk_size=256, kv_cache_bytes=32 << 20, max_num_seqs=256, seed=0)
 PRESETS: dict[str, dict] = {
-    "default-longtail": dict(
-        mode="replay", model="default", groups=16, group_size=16, max_tokens=2048, max_model_len=4096, chunk_size=256,
-        kv_cache_bytes=32 << 20, max_num_seqs=256, seed=0, configs="baseline,divided,context,oracle",
-    ),
+    "default": dict(LONGTAIL, configs="all"),
+    "default-longtail": dict(LONGTAIL, configs="baseline,divided,context,oracle"),
+    "tiny": {},
 }
+DEFAULT_PRESET = "default"
 
 
 @dataclass
@@ -294,7 +299,8 @@ def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigR
 def command_line(s: CompareSettings) -> str:
     """The shortest command that reproduces `s`: its preset, then the flags that differ from it."""
     base = preset_defaults(s.preset)
-    flags = [f"--preset {s.preset}"] if s.preset else []
+    preset = s.preset or "tiny"  # "": the dataclass defaults, which --preset tiny names
+    flags = [] if preset == DEFAULT_PRESET else [f"--preset {preset}"]
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in asdict(s).items()
               if k != "preset" and v != getattr(base, k)]
     return " ".join(["python -m bench.compare", *flags])
@@ -427,7 +433,7 @@ def preset_defaults(preset: str) -> CompareSettings:
 
 def parse(argv: list[str] | None) -> CompareSettings:
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", default="")
+    pre.add_argument("--preset", default=DEFAULT_PRESET)
     known, _ = pre.parse_known_args(argv)
     if known.preset and known.preset not in PRESETS:
         pre.error(f"unknown --preset {known.preset!r}; known: {sorted(PRESETS)}")
