@@ -392,7 +392,7 @@ def plot(result: dict, runs: list[ConfigRun], out: Path) -> None:
         if rows[n]["ratio"] is not None:
             ax.text(i, means[i], f"{rows[n]['ratio']:.2f}x", ha="center", va="bottom")
     ax.set_ylabel("output tokens/s")
-    ax.set_title("rollout throughput per configuration (bars: mean, whiskers: min-max over repeats)")
+    ax.set_title("rollout throughput per configuration\n(bars: mean, whiskers: min-max over repeats)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=120)
     plt.close(fig)
