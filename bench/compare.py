@@ -41,6 +41,8 @@ from pathlib import Path
 
 from seer.rollout.engine import stats_from_result
 from seer.rollout.types import InstanceStats, IterationStats, PromptSpec, SamplingParams
+from seer.kvpool import KVPool
+from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
 
 from bench.breakdown import breakdown, format_breakdown, scrape
@@ -68,6 +70,11 @@ class CompareSettings:
     temperature: float = 1.0
     seed: int = 7
     spec_tokens: int = 8
+    # A Mooncake KV pool under the chunked configurations (divided, context, grouped SD, oracle): a
+    # chunk that changes instance loads its prefix instead of recomputing it, so placement may move
+    # it. The baseline keeps its own plain instances (group round-robin never moves a request).
+    kv_pool: bool = False
+    kv_pool_bytes: int = 1 << 30
     configs: str = "all"
     verbose: int = 0  # 1: print each run's time breakdown (bench.breakdown)
     preset: str = ""  # a named workload (PRESETS); flags given with it override its settings
@@ -83,13 +90,14 @@ class CompareSettings:
 # Named workloads. `default` (what `seer-bench compare` runs without flags): the embedded default
 # model on the built-in task's fixed 16-prompt set (`seer-run`'s default: 16 groups x G=16, max 2048
 # tokens, heavy-tailed lengths), two instances whose KV memory, not max_num_seqs, bounds concurrency
-# (docs/bench.md says why 32 MiB), the whole ladder. `default-longtail`: the same workload without
+# (docs/bench.md says why 32 MiB), the whole ladder, the chunked configurations on a Mooncake KV
+# pool as `seer-run` runs them (the paper's divided rollout includes its global KV pool). `default-longtail`: the same workload without
 # grouped speculative decoding (the runs recorded before it joined the default). `tiny`: the
 # CompareSettings defaults (tiny model, model mode), which tests and quick checks build on.
 LONGTAIL = dict(mode="replay", model="default", groups=16, group_size=16, max_tokens=2048, max_model_len=4096,
                 chunk_size=256, kv_cache_bytes=32 << 20, max_num_seqs=256, seed=0)
 PRESETS: dict[str, dict] = {
-    "default": dict(LONGTAIL, configs="all"),
+    "default": dict(LONGTAIL, configs="all", kv_pool=True),
     "default-longtail": dict(LONGTAIL, configs="baseline,divided,context,oracle"),
     "tiny": {},
 }
@@ -113,13 +121,16 @@ def _acceptance(before, after) -> float | None:
 
 
 async def run_one(backends, clients, cfg: BenchConfig, prompts: list[PromptSpec], s: CompareSettings,
-                  prefix: str, true_lengths=None) -> tuple[IterationStats, float | None, dict]:
-    """One iteration under `cfg`; caches emptied first so no run reuses another's KV."""
-    for c in clients:
-        await c.reset_prefix_cache()
-    # The instances run without a KV pool: a chunk that changes instance recomputes its prefix.
+                  prefix: str, true_lengths=None, kv_pool: bool = False) -> tuple[IterationStats, float | None, dict]:
+    """One iteration under `cfg`; caches (and the KV pool) emptied first so no run reuses another's KV.
+
+    `kv_pool`: the instances share a KV pool, so placement may move a chunk (its prefix is loaded);
+    without one a chunk that changes instance recomputes its prefix, and placement keeps it.
+    """
+    for i, c in enumerate(clients):
+        await c.reset_prefix_cache(external=kv_pool and i == 0)
     sched = SchedulerConfig(policy=cfg.policy, chunk_size=cfg.chunk_size or s.chunk_size, max_running=s.max_num_seqs,
-                            kv_pool=False, **dict(cfg.sched))
+                            kv_pool=kv_pool, **dict(cfg.sched))
     driver = RolloutDriver(backends, sched)
     sampling = SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed,
                               ignore_eos=s.mode == "trace")  # replay: TraceBackend sets it per chunk
@@ -179,56 +190,88 @@ def run(s: CompareSettings, progress=print) -> dict:
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     cores = cpu_sets(s.instances)
-    plain_specs = instance_specs(s, model_dir, cores)
     want_sd = any(c.speculate for c in configs)
+    want_pooled = s.kv_pool and any(not c.speculate and c.policy != "group_rr" for c in configs)
+    want_plain = not s.kv_pool or any(c.policy == "group_rr" for c in configs)
+    kv = KVPool.start(KVPoolConfig(capacity_bytes=s.kv_pool_bytes), out / "kvpool") if s.kv_pool else None
     dgds = DgdsServer("127.0.0.1", 0).start() if want_sd else None
-    spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
-    sd_specs = instance_specs(s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
-                              env={"SEER_DGDS_ADDRESS": dgds.address}) if want_sd else []
-    t0 = time.monotonic()
-    progress(f"starting {len(plain_specs) + len(sd_specs)} vLLM instances ({'plain + speculative' if want_sd else 'plain'})")
-    runs: list[ConfigRun] = []
     try:
-        with InstancePool.launch(plain_specs + sd_specs, out / "logs") as pool:
-            progress(f"instances ready in {time.monotonic() - t0:.0f} s")
-            plain, sd = pool.clients[:len(plain_specs)], pool.clients[len(plain_specs):]
-            prompt_lens = {g: len(p.prompt_ids) for g, p in enumerate(prompts)}
-
-            def backends(clients):
-                return [TraceBackend(c, hidden, prompt_lens) for c in clients] if hidden else list(clients)
-
-            async def go():
-                try:
-                    nonlocal hidden
-                    warm = BenchConfig("warmup", "divided")
-                    _, _, lengths = await run_one(backends(plain), plain, warm, prompts, s, "warm-")
-                    if s.mode == "replay":  # the model's own lengths, from now on the same in every run
-                        hidden = lengths
-                        progress(f"replaying the warm-up's lengths: {sum(lengths.values())} tokens, "
-                                 f"longest {max(lengths.values())}, median {sorted(lengths.values())[len(lengths) // 2]}")
-                    if sd:
-                        await run_one(backends(sd), sd, warm, prompts, s, "warmsd-")
-                    true_lengths = hidden or lengths  # the oracle's "previous run"
-                    for rep in range(s.repeats):
-                        order = configs if rep % 2 == 0 else configs[::-1]
-                        for pos, cfg in enumerate(order):
-                            clients = sd if cfg.speculate else plain
-                            stats, mal, lens = await run_one(backends(clients), clients, cfg, prompts, s,
-                                                             f"r{rep}-{cfg.name}-", true_lengths)
-                            runs.append(ConfigRun(cfg.name, rep, pos, stats, mal,
-                                                  {f"{g}-{k}": v for (g, k), v in lens.items()}))
-                            progress(f"repeat {rep} {cfg.name:10s} {stats.tokens_per_s:8.1f} tok/s  wall "
-                                     f"{stats.wall_s:6.1f} s  tail {stats.tail_s:5.1f} s  preemptions {stats.preemptions}"
-                                     + (f"  acceptance {mal:.2f}" if mal else ""))
-                            if s.verbose:
-                                progress(format_breakdown(cfg.name, stats.extra["breakdown"]))
-                finally:
-                    await pool.aclose_clients()
-
-            asyncio.run(go())
+        pooled = kv.configure if kv is not None else (lambda spec: spec)
+        plain_specs = instance_specs(s, model_dir, cores) if want_plain else []
+        pool_specs = [pooled(x) for x in instance_specs(s, model_dir, cores, prefix="pool-inst")] if want_pooled else []
+        spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
+        sd_specs = [pooled(x) for x in instance_specs(
+            s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
+            env={"SEER_DGDS_ADDRESS": dgds.address})] if want_sd else []
+        return _run_on_instances(s, configs, prompts, hidden, out, plain_specs, pool_specs, sd_specs, progress)
     finally:
         if dgds is not None:
             dgds.stop(0.5)
+        if kv is not None:
+            kv.close()
+
+
+def _run_on_instances(s: CompareSettings, configs: list[BenchConfig], prompts: list[PromptSpec], hidden,
+                      out: Path, plain_specs: list, pool_specs: list, sd_specs: list, progress) -> dict:
+    """Start the instance sets, warm each up, run every configuration of every repeat, write the results."""
+    from seer.rollout.pool import InstancePool
+
+    t0 = time.monotonic()
+    kinds = [k for k, specs in (("plain", plain_specs), ("on the KV pool", pool_specs), ("speculative", sd_specs)) if specs]
+    progress(f"starting {len(plain_specs) + len(pool_specs) + len(sd_specs)} vLLM instances ({' + '.join(kinds)})")
+    runs: list[ConfigRun] = []
+    with InstancePool.launch(plain_specs + pool_specs + sd_specs, out / "logs") as pool:
+        progress(f"instances ready in {time.monotonic() - t0:.0f} s")
+        n_plain, n_pool = len(plain_specs), len(pool_specs)
+        plain, pooled = pool.clients[:n_plain], pool.clients[n_plain:n_plain + n_pool]
+        sd = pool.clients[n_plain + n_pool:]
+
+        def clients_for(cfg: BenchConfig) -> tuple[list, bool]:
+            """The instances `cfg` runs on, and whether they share the KV pool."""
+            if cfg.speculate:
+                return sd, s.kv_pool
+            if pooled and cfg.policy != "group_rr":
+                return pooled, True
+            return plain, False
+
+        prompt_lens = {g: len(p.prompt_ids) for g, p in enumerate(prompts)}
+
+        def backends(clients):
+            return [TraceBackend(c, hidden, prompt_lens) for c in clients] if hidden else list(clients)
+
+        async def go():
+            try:
+                nonlocal hidden
+                # An untimed warm-up on each instance set; the first also samples the lengths.
+                sets = [(name, c, shared) for name, c, shared in
+                        (("warm-", plain, False), ("warmpool-", pooled, True), ("warmsd-", sd, s.kv_pool)) if c]
+                warm = BenchConfig("warmup", "divided")
+                for k, (name, c, shared) in enumerate(sets):
+                    _, _, got = await run_one(backends(c), c, warm, prompts, s, name, kv_pool=shared)
+                    if k == 0:
+                        lengths = got
+                        if s.mode == "replay":  # the model's own lengths, from now on the same in every run
+                            hidden = lengths
+                            progress(f"replaying the warm-up's lengths: {sum(lengths.values())} tokens, longest "
+                                     f"{max(lengths.values())}, median {sorted(lengths.values())[len(lengths) // 2]}")
+                true_lengths = hidden or lengths  # the oracle's "previous run"
+                for rep in range(s.repeats):
+                    order = configs if rep % 2 == 0 else configs[::-1]
+                    for pos, cfg in enumerate(order):
+                        clients, shared = clients_for(cfg)
+                        stats, mal, lens = await run_one(backends(clients), clients, cfg, prompts, s,
+                                                         f"r{rep}-{cfg.name}-", true_lengths, kv_pool=shared)
+                        runs.append(ConfigRun(cfg.name, rep, pos, stats, mal,
+                                              {f"{g}-{k}": v for (g, k), v in lens.items()}))
+                        progress(f"repeat {rep} {cfg.name:10s} {stats.tokens_per_s:8.1f} tok/s  wall "
+                                 f"{stats.wall_s:6.1f} s  tail {stats.tail_s:5.1f} s  preemptions {stats.preemptions}"
+                                 + (f"  acceptance {mal:.2f}" if mal else ""))
+                        if s.verbose:
+                            progress(format_breakdown(cfg.name, stats.extra["breakdown"]))
+            finally:
+                await pool.aclose_clients()
+
+        asyncio.run(go())
     return write(s, configs, runs, out, time.monotonic() - t0)
 
 
@@ -318,6 +361,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"`{result['command']}` ({s['mode']} mode, model `{s['model']}`, {s['groups']} groups x G={s['group_size']}, "
         f"max {s['max_tokens']} tokens, chunk {s['chunk_size']}, {s['instances']} instances x 1 core, "
+        f"KV pool {'on (chunked configurations)' if s.get('kv_pool') else 'off'}, "
         f"{s['repeats']} repeats, order alternating; {result.get('elapsed_s', 0):.0f} s in all)",
         "",
         "| configuration | output tok/s (min-max) | vs baseline (min-max) | wall s | tail s (min-max) | idle | preemptions | chunks (migrated) | output tokens | acceptance length |",
@@ -431,6 +475,12 @@ def preset_defaults(preset: str) -> CompareSettings:
     return CompareSettings(**{**PRESETS.get(preset, {}), "preset": preset})
 
 
+def _flag(value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return value.lower() in ("true", "1")
+
+
 def parse(argv: list[str] | None) -> CompareSettings:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=DEFAULT_PRESET)
@@ -440,7 +490,7 @@ def parse(argv: list[str] | None) -> CompareSettings:
     d = preset_defaults(known.preset)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f, v in asdict(d).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v,
+        ap.add_argument(f"--{f.replace('_', '-')}", type=_flag if isinstance(v, bool) else type(v), default=v,
                         **({"choices": ["", *PRESETS]} if f == "preset" else {}))
     return CompareSettings(**vars(ap.parse_args(argv)))
 

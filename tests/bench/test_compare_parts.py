@@ -16,10 +16,14 @@ def test_preset_sets_the_workload_and_flags_override_it():
     s = parse(["--preset", "default-longtail", "--repeats", "5"])
     assert s.repeats == 5 and command_line(s) == "python -m bench.compare --preset default-longtail --repeats 5"
     d = parse([])  # no flags: the default workload and the whole ladder
-    assert d.preset == "default" and d.model == "default" and d.configs == "all" and d.group_size == 16
+    assert d.preset == "default" and d.model == "default" and d.configs == "all" and d.group_size == 16 and d.kv_pool
+    assert not parse(["--preset", "default-longtail"]).kv_pool
     assert command_line(d) == "python -m bench.compare"
     assert command_line(parse(["--repeats", "2"])) == "python -m bench.compare --repeats 2"
     assert parse(["--preset", "tiny"]).model == "tiny"  # the CompareSettings defaults
+    assert parse(["--kv-pool", "true"]).kv_pool and not parse(["--kv-pool", "false"]).kv_pool
+    with pytest.raises(SystemExit):
+        parse(["--kv-pool", "maybe"])
     with pytest.raises(SystemExit):
         parse(["--preset", "nope"])
 
