@@ -149,8 +149,6 @@ class DgdsProposer:
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         now = time.perf_counter()
-        if self._last_step_end is not None and self._last_step_tokens:
-            self.policy.record_step(self._last_step_tokens, now - self._last_step_end)
         if self._runner is None:
             self._runner = _calling_runner(self)
             if self._runner is None:
@@ -162,12 +160,14 @@ class DgdsProposer:
         appends: list[tuple[str, str, Any]] = []
         ready: list[tuple[int, _RowState, int]] = []  # (row, state, num tokens)
         seen: set[str] = set()
+        prefilled = False  # did the step that just ran compute a prompt (new or resumed request)?
         for i, sampled in enumerate(sampled_token_ids):
             rid = req_ids[i]
             seen.add(rid)
             st = self._rows.get(rid)
             if st is None:
                 st = self._start(rid)
+                prefilled = True
             if st.last_draft:
                 accepted = max(0, min(len(sampled) - 1, st.last_draft)) if sampled else 0
                 self.policy.record_verified(st.last_draft, accepted)
@@ -175,6 +175,7 @@ class DgdsProposer:
                 self._counts["accepted_tokens"] += accepted
                 st.last_draft = 0
             if not sampled:  # a partial prefill: nothing sampled, nothing to draft
+                prefilled = True
                 continue
             n = int(num_tokens_no_spec[i])
             if st.appended_to == 0:
@@ -187,6 +188,13 @@ class DgdsProposer:
                 st.appended_to = n
             if n < self.max_model_len - 1:
                 ready.append((i, st, n))
+        # The step cost model T(B, g) is a decode step's: a step that also prefilled (its time has
+        # prompt tokens the model does not count, and after an idle engine the idle time too) is not
+        # a sample of it. Fed such steps, the fit's fixed term grew several-fold (30 ms instead of
+        # ~8 ms on one CPU core at batch 32), so verifying drafts looked nearly free and Algorithm 1
+        # drafted long at low acceptance (see docs/dgds.md, "Speculation on one CPU core").
+        if self._last_step_end is not None and self._last_step_tokens and not prefilled:
+            self.policy.record_step(self._last_step_tokens, now - self._last_step_end)
         if appends:
             self.client.append_many(appends)
         for rid in [r for r in self._rows if r not in seen]:
