@@ -78,7 +78,11 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
                 job.kill()
     text = log.read_text()
     restarted = [line for line in text.splitlines() if "the Mooncake master had exited" in line]
-    assert restarted and "(before the weight update): restarted" in restarted[0], text[-3000:]
+    # The master dies while iteration 0 trains; the loop notices at its next check, before the weight
+    # update or, when training and the sync finished before the kill landed (a loaded machine), before
+    # iteration 1's rollout. Either way it is restarted before the instances need it again.
+    assert restarted and any(f"({when}): restarted" in restarted[0]
+                             for when in ("before the weight update", "before the rollout")), text[-3000:]
     print("\n" + restarted[0].strip())
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [0, 1]
