@@ -157,7 +157,8 @@ def _prompts(s: CompareSettings, model_dir: Path) -> list[PromptSpec]:
 
 
 def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix: str = "inst",
-                   extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> list:
+                   extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                   priority: bool = False) -> list:
     """The benchmark's vLLM instances, one per core set, as `s` sizes them.
 
     Dev mode: /reset_prefix_cache between runs. No chunked prefill: vLLM 0.32's CPU backend fails
@@ -171,7 +172,7 @@ def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix
     return [InstanceSpec(f"{prefix}{i}", str(model_dir), free_port(), cpus=c, max_model_len=s.max_model_len,
                          kv_cache_bytes=s.kv_cache_bytes, max_num_seqs=s.max_num_seqs, seed=s.seed,
                          weight_sync=False, env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
-                         extra_args=(*batched, *extra_args))
+                         extra_args=(*batched, *extra_args), scheduling_policy="priority" if priority else "fcfs")
             for i, c in enumerate(cores)]
 
 
@@ -195,14 +196,16 @@ def run(s: CompareSettings, progress=print) -> dict:
     want_plain = not s.kv_pool or any(c.policy == "group_rr" for c in configs)
     kv = KVPool.start(KVPoolConfig(capacity_bytes=s.kv_pool_bytes), out / "kvpool") if s.kv_pool else None
     dgds = DgdsServer("127.0.0.1", 0).start() if want_sd else None
+    prio = any(dict(c.sched).get("engine_priority") for c in configs)  # instances with priority scheduling
     try:
         pooled = kv.configure if kv is not None else (lambda spec: spec)
-        plain_specs = instance_specs(s, model_dir, cores) if want_plain else []
-        pool_specs = [pooled(x) for x in instance_specs(s, model_dir, cores, prefix="pool-inst")] if want_pooled else []
+        plain_specs = instance_specs(s, model_dir, cores, priority=prio) if want_plain else []
+        pool_specs = [pooled(x) for x in instance_specs(s, model_dir, cores, prefix="pool-inst", priority=prio)
+                      ] if want_pooled else []
         spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
         sd_specs = [pooled(x) for x in instance_specs(
             s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
-            env={"SEER_DGDS_ADDRESS": dgds.address})] if want_sd else []
+            env={"SEER_DGDS_ADDRESS": dgds.address}, priority=prio)] if want_sd else []
         return _run_on_instances(s, configs, prompts, hidden, out, plain_specs, pool_specs, sd_specs, progress)
     finally:
         if dgds is not None:

@@ -68,6 +68,7 @@ class SyncLoop:
                 name=f"inst{i}", model=str(self.model_dir), port=free_port(), cpus=cpus, dtype=cfg.model.dtype,
                 max_model_len=self.max_model_len, kv_cache_bytes=cfg.instances.kv_cache_bytes,
                 max_num_seqs=cfg.instances.max_num_seqs, seed=cfg.seed, extra_args=tuple(cfg.instances.extra_args),
+                scheduling_policy="priority" if cfg.scheduler.engine_priority else "fcfs",
             )))
             for i, cpus in enumerate(cpu_sets(cfg.instances.count))
         ]

@@ -37,9 +37,9 @@ class InstanceSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     weight_sync: bool = True  # load new weights in place (seer.rollout.weights) and report versions
-    # vLLM's priority scheduling: with every chunk at priority 0 it is FCFS; it lets a policy that
-    # ranks its chunks (scheduler.engine_priority) choose which a full engine preempts.
-    scheduling_policy: str = "priority"
+    # "priority" (vLLM's priority scheduling) lets a policy that ranks its chunks
+    # (scheduler.engine_priority) choose which a full engine preempts; the loop sets it with that option.
+    scheduling_policy: str = "fcfs"
 
     @property
     def url(self) -> str:

@@ -25,7 +25,7 @@ class SchedulerConfig:
     continuations_first: bool = False  # context: a started request's next chunk goes before new requests
     early_packing: bool = False  # context: reserve KV for what a chunk is expected to generate (policies/context.py)
     # context: chunks carry engine priorities (least progress = preempted first); the instances must run
-    # vLLM's priority scheduling (`--scheduling-policy priority`, which seer starts its instances with)
+    # vLLM's priority scheduling (`--scheduling-policy priority`: seer-run starts its instances so with this on)
     engine_priority: bool = False
     telemetry_interval_s: float = 0.5
     max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails

@@ -44,7 +44,7 @@ def test_token_ids_and_logprobs_for_a_token_id_prompt(vllm_pool, tiny_model):
     r2 = asyncio.run(go())
     assert r2.token_ids == r.token_ids
 
-    async def ranked():  # an engine priority (scheduler.engine_priority) is accepted and changes no token
+    async def ranked():  # an engine priority (scheduler.engine_priority) reaches the engine and changes no token
         try:
             return await client.generate(GenerateRequest("t-prio", prompt, 24, SamplingParams(temperature=1.0, seed=7),
                                                          priority=-40))
