@@ -49,7 +49,10 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
-            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4}
+            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4,
+            # no affinity gap: chunks go to the freer instance, so iteration 1 surely moves some and
+            # loads their prefixes from the restarted master (with the default gap it may move none)
+            "scheduler.affinity_gap_tokens": 0, "scheduler.affinity_gap_fraction": 0.0}
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "2", "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
