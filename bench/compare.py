@@ -46,7 +46,7 @@ from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
 
 from bench.breakdown import breakdown, format_breakdown, scrape
-from bench.configs import BenchConfig, select
+from bench.configs import BenchConfig, parse_bool, select
 from bench.trace_backend import TraceBackend
 from bench.workloads import LengthModel
 
@@ -478,12 +478,6 @@ def preset_defaults(preset: str) -> CompareSettings:
     return CompareSettings(**{**PRESETS.get(preset, {}), "preset": preset})
 
 
-def _flag(value: str) -> bool:
-    if value.lower() not in ("true", "false", "1", "0"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-    return value.lower() in ("true", "1")
-
-
 def parse(argv: list[str] | None) -> CompareSettings:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=DEFAULT_PRESET)
@@ -493,7 +487,7 @@ def parse(argv: list[str] | None) -> CompareSettings:
     d = preset_defaults(known.preset)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f, v in asdict(d).items():
-        ap.add_argument(f"--{f.replace('_', '-')}", type=_flag if isinstance(v, bool) else type(v), default=v,
+        ap.add_argument(f"--{f.replace('_', '-')}", type=parse_bool if isinstance(v, bool) else type(v), default=v,
                         **({"choices": ["", *PRESETS]} if f == "preset" else {}))
     return CompareSettings(**vars(ap.parse_args(argv)))
 

@@ -34,6 +34,13 @@ LADDER: tuple[BenchConfig, ...] = (
 BY_NAME = {c.name: c for c in LADDER}
 
 
+def parse_bool(value: str) -> bool:
+    """true/false/1/0 (any case); ValueError otherwise, so that a typo never reads as True."""
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value.lower() in ("true", "1")
+
+
 def parse_sched(items: list[str], exclude: frozenset[str] = frozenset()) -> tuple[tuple[str, object], ...]:
     """`FIELD=VALUE` items as SchedulerConfig field overrides (booleans, ints, floats).
 
@@ -47,9 +54,10 @@ def parse_sched(items: list[str], exclude: frozenset[str] = frozenset()) -> tupl
         if key not in known or not value:
             raise ValueError(f"{item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
         if isinstance(known[key], bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"{item!r}: {key} is true or false")
-            out.append((key, value.lower() in ("true", "1")))
+            try:
+                out.append((key, parse_bool(value)))
+            except ValueError:
+                raise ValueError(f"{item!r}: {key} is true or false") from None
         else:
             try:
                 out.append((key, float(value) if "." in value or "e" in value.lower() else int(value)))

@@ -109,8 +109,8 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
         affinity_gap_tokens=_units(512, u), kv_capacity_tokens=cap,
         max_running=workload.max_num_seqs * workload.dp_ranks, kv_pool=settings.kv_pool,
     )
-    if settings.scheduler:
-        sched = replace(sched, **dict(settings.scheduler))
+    if settings.scheduler or config.sched:  # run-wide `--sched`, then the configuration's own `+FIELD=VALUE`
+        sched = replace(sched, **dict(settings.scheduler), **dict(config.sched))
     told = hidden if oracle_lengths is None else oracle_lengths
     policy = sched.build_policy({k: _units(v, u) for k, v in told.items()} if config.oracle else None)
     prompt = [7] * _units(workload.prompt_tokens, u)

@@ -560,6 +560,9 @@ def test_sched_overrides_reach_the_policy_and_early_packing_admits_more():
     packed = replace(SETTINGS, scheduler=(("early_packing", True),))
     off = simulate(w, BY_NAME["context"], hidden, SETTINGS).stats
     on = simulate(w, BY_NAME["context"], hidden, packed).stats
+    # the same option set on the configuration (`context+early_packing=true`) gives the same run
+    (variant,) = [c for c in select("context+early_packing=true") if c.sched]
+    assert simulate(w, variant, hidden, SETTINGS).stats.extra["mean_running"] == on.extra["mean_running"]
     assert on.extra["mean_running"] > off.extra["mean_running"]
     a = simulate(w, BY_NAME["divided"], hidden, SETTINGS).stats
     b = simulate(w, BY_NAME["divided"], hidden, packed).stats
