@@ -285,13 +285,17 @@ class SyncLoop:
                                          logprob_mismatch_max=tm.logprob_mismatch_max)
                             with self.console.status(f"loading weight version {version} into the instances"):
                                 extra["weight_sync_s"] = self.sync_weights(pool, trainer, version, engine)
-                            if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
-                                self.save_checkpoint(trainer, it, version)
-                        elif (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
-                            self.save_loop_state(it, version)
+                        # The record is written before the checkpoint that commits the iteration: a kill
+                        # between the two leaves a record that --resume truncates, never a checkpoint
+                        # whose iteration has no record.
                         rec = iteration_record(batch, extra)
                         self.metrics.append(rec)
                         records.append(rec)
+                        if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == iterations:
+                            if trainer is not None:
+                                self.save_checkpoint(trainer, it, version)
+                            else:
+                                self.save_loop_state(it, version)
                         self.console.print(summary_table([rec], title=f"iteration {it}"))
             finally:
                 pool.close()

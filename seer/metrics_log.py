@@ -67,7 +67,14 @@ class MetricsLog:
     def records(self) -> list[dict]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        text = self.path.read_text()
+        lines = text.splitlines()
+        if lines and not text.endswith("\n"):
+            try:
+                json.loads(lines[-1])
+            except json.JSONDecodeError:  # a kill mid-append: that iteration was never committed
+                lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]
 
     def truncate_after(self, iteration: int) -> None:
         """Drop lines of iterations > `iteration` (a resumed run redoes them)."""

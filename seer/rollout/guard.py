@@ -5,7 +5,12 @@ cleanup code of ours runs, so each server is started under this guard: the kerne
 guard when its parent dies (PR_SET_PDEATHSIG), and the guard kills the server's process group.
 The guard also polls its parent id, in case the death signal was missed.
 
-Usage: python -m seer.rollout.guard PARENT_PID -- COMMAND...
+With `--cpus LIST` (e.g. `0` or `2,3`; ranges like `2-3` too) the guard pins itself, and so the
+whole server it starts (API process, engine core, their threads), to those cores: an instance's
+every thread stays on its own cores, so an idle instance is idle hardware, as on a cluster, and
+never lends its cores to a busy one.
+
+Usage: python -m seer.rollout.guard PARENT_PID [--cpus LIST] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -39,12 +44,34 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def parse_cpus(text: str) -> set[int]:
+    """`0`, `0,1`, `2-3` or `0,2-3` -> the set of core ids; a clear error for anything else."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad CPU list {text!r}: expected core ids like '0', '0,1' or '2-3'")
+        cores.update(range(int(lo), int(hi if sep else lo) + 1))
+    return cores
+
+
 def main(argv: list[str]) -> int:
+    usage = "usage: python -m seer.rollout.guard PARENT_PID [--cpus LIST] -- COMMAND..."
+    cpus = None
+    if len(argv) >= 3 and argv[1] == "--cpus":
+        try:
+            cpus = parse_cpus(argv[2])
+        except ValueError as e:
+            print(f"{e}\n{usage}", file=sys.stderr)
+            return 2
+        argv = argv[:1] + argv[3:]
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m seer.rollout.guard PARENT_PID -- COMMAND...", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     parent = int(argv[0])
     set_parent_death_signal(signal.SIGTERM)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # inherited by the server and everything it starts
     proc = subprocess.Popen(argv[2:], start_new_session=True)
     stopping = False
 

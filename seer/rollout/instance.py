@@ -114,5 +114,7 @@ class VLLMServer(GuardedProcess):
     """One vLLM server under seer.rollout.guard, with its spec."""
 
     def __init__(self, spec: InstanceSpec, log_path: Path):
-        super().__init__(spec.name, spec.command(), log_path, spec.environment(), inherit_env=False)
+        # The whole server, not only its OpenMP threads, stays on the instance's cores (CPU backend).
+        super().__init__(spec.name, spec.command(), log_path, spec.environment(), inherit_env=False,
+                         cpus=spec.cpus if spec.gpus is None else None)
         self.spec = spec

@@ -16,8 +16,10 @@ from pathlib import Path
 
 class GuardedProcess:
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 inherit_env: bool = True):
+                 inherit_env: bool = True, cpus: str | None = None):
+        """`cpus`: pin the process and all its descendants to these cores (seer.rollout.guard --cpus)."""
         self.name = name
+        self.cpus = cpus
         self.command = command
         self.log_path = Path(log_path)
         self.env = env or {}
@@ -31,7 +33,8 @@ class GuardedProcess:
         env = dict(os.environ) if self.inherit_env else {}
         env.update(self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--", *self.command],
+            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()),
+             *(["--cpus", self.cpus] if self.cpus else []), "--", *self.command],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         log.close()

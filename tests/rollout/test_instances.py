@@ -138,3 +138,43 @@ def _procs_with(marker: str) -> list[int]:
         if marker in cmd and "pytest" not in cmd:
             out.append(int(d))
     return out
+
+
+def _descendants(pid: int) -> list[int]:
+    from seer.rollout.process import _children
+
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def test_every_thread_of_an_instance_stays_on_its_cores(vllm_pool):
+    """Not only vLLM's OpenMP threads: the API server, the engine core and all their threads run on
+    the instance's own cores, so an idle instance cannot lend its core to a busy one."""
+    from seer.rollout.guard import parse_cpus
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one usable core: both instances share it")
+    checked = 0
+    for server in vllm_pool.servers:
+        want = parse_cpus(server.spec.cpus)
+        pids = _descendants(server.proc.pid)
+        assert pids, f"{server.name}: no server process under its guard"
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    got = os.sched_getaffinity(int(tid))
+                except (ProcessLookupError, OSError):
+                    continue  # a thread that ended meanwhile
+                assert got <= want, f"{server.name}: thread {tid} of pid {pid} may run on {sorted(got)}, not only {sorted(want)}"
+                checked += 1
+    assert checked >= 4 * len(vllm_pool.servers)
+
+
+def test_guard_rejects_a_bad_cpu_list():
+    r = subprocess.run([sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--cpus", "zero", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "bad CPU list 'zero'" in r.stderr
