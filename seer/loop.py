@@ -23,7 +23,7 @@ from seer.dgds.service import DGDSService
 from seer.kvpool import KVPool
 from seer.model import resolve_model
 from seer.rollout.engine import RolloutEngine
-from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
+from seer.rollout.instance import InstanceSpec, cpu_sets, cuda_devices, free_port, gpu_sets
 from seer.rollout.pool import InstancePool
 from seer.rollout.types import PromptSpec, RolloutBatch, SamplingParams
 from seer.rollout.weights import push_weights, require_version
@@ -63,14 +63,19 @@ class SyncLoop:
         cfg = self.cfg
         if cfg.instances.urls:
             return InstancePool.connect(list(cfg.instances.urls))
+        # On a GPU machine each instance gets its share of the GPUs; on CPU, its share of the cores.
+        gpus = cuda_devices()
+        devices = ([(None, g) for g in gpu_sets(cfg.instances.count, gpus)] if gpus
+                   else [(c, None) for c in cpu_sets(cfg.instances.count)])
         specs = [
             dgds.configure(kv.configure(InstanceSpec(
-                name=f"inst{i}", model=str(self.model_dir), port=free_port(), cpus=cpus, dtype=cfg.model.dtype,
+                name=f"inst{i}", model=str(self.model_dir), port=free_port(), cpus=cpus, gpus=gpus_i,
+                dtype=cfg.model.dtype,
                 max_model_len=self.max_model_len, kv_cache_bytes=cfg.instances.kv_cache_bytes,
                 max_num_seqs=cfg.instances.max_num_seqs, seed=cfg.seed, extra_args=tuple(cfg.instances.extra_args),
                 scheduling_policy="priority" if cfg.scheduler.engine_priority else "fcfs",
             )))
-            for i, cpus in enumerate(cpu_sets(cfg.instances.count))
+            for i, (cpus, gpus_i) in enumerate(devices)
         ]
         t0 = time.monotonic()
         with self.console.status(f"Starting {len(specs)} vLLM instances (logs in {self.run_dir / 'logs'})"):
@@ -202,14 +207,22 @@ class SyncLoop:
             engine.remove(names)
         self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
 
-    def check_versions(self, pool: InstancePool, version: int) -> None:
+    def check_versions(self, pool: InstancePool, version: int, engine: RolloutEngine | None = None) -> None:
+        """Every instance serves `version`. One that dies between the health probe and this check
+        (its connection resets) is dropped and the others are checked again; a wrong version on a
+        live instance stops the run."""
         async def check():
             try:
                 await require_version(pool.clients, version)
             finally:
                 await pool.aclose_clients()
 
-        asyncio.run(check())
+        try:
+            asyncio.run(check())
+        except Exception:
+            if not self.drop_dead_instances(pool, engine, "before the rollout"):
+                raise
+            asyncio.run(check())
 
     # ---- the loop ---------------------------------------------------------------------------------
     def run(self, iterations: int | None = None, resume: bool = False) -> list[dict]:
@@ -270,7 +283,7 @@ class SyncLoop:
                         self.drop_dead_instances(pool, engine, "before the rollout")
                         self.revive_kv_master("before the rollout")
                         if trainer is not None:
-                            self.check_versions(pool, version)  # strictly on-policy, or no rollout
+                            self.check_versions(pool, version, engine)  # strictly on-policy, or no rollout
                         batch = self.rollout(engine, it, weight_version=version)
                         self.drop_lost_instances(pool, engine, batch)
                         self.save_samples(batch, it)

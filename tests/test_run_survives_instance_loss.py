@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,19 @@ def _vllm_guards(pid: int) -> list[int]:
     return out
 
 
+def _running(guard: int) -> int:
+    """Requests the guard's vLLM server is running now (its /metrics)."""
+    from seer.rollout.telemetry import telemetry_from_metrics
+
+    argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
+    port = argv[argv.index("--port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return telemetry_from_metrics("victim", r.read().decode()).num_running
+
+
 @pytest.mark.parametrize("phase", ["rollout", "training"])
 def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
-    """`rollout`: killed as iteration 1's rollout starts (its chunks move); `training`: killed once
+    """`rollout`: killed while it runs iteration 1's first chunks (they move); `training`: killed once
     iteration 1's samples are saved, so the weight update finds it dead."""
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
@@ -47,7 +58,9 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
         job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             metrics = run_dir / "metrics.jsonl"
-            marker = metrics if phase == "rollout" else run_dir / "rollouts" / "iter_0001.jsonl"
+            # iteration 0's checkpoint is the last thing written before iteration 1's rollout
+            marker = (run_dir / "checkpoints" / "iter_0000" / "loop_state.json" if phase == "rollout"
+                      else run_dir / "rollouts" / "iter_0001.jsonl")
             deadline = time.monotonic() + 600
             while not (marker.exists() and marker.read_text().strip()):
                 assert job.poll() is None, log.read_text()[-3000:]
@@ -55,6 +68,11 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                 time.sleep(0.1)
             guards = _vllm_guards(job.pid)
             assert len(guards) == 2
+            if phase == "rollout":  # nothing is generated between the checkpoint and the rollout
+                while _running(guards[-1]) == 0:
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "iteration 1's rollout never reached the instance"
+                    time.sleep(0.02)
             for server in _children(guards[-1]):  # the vLLM server leads its own process group
                 os.killpg(server, signal.SIGKILL)
             assert job.wait(timeout=600) == 0, log.read_text()[-3000:]

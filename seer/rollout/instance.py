@@ -99,15 +99,30 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def cpu_sets(num_instances: int, cpus: list[int] | None = None) -> list[str]:
     """Split the usable cores evenly into one contiguous set per instance."""
-    cores = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    return _split(num_instances, sorted(cpus if cpus is not None else os.sched_getaffinity(0)), "CPU core")
+
+
+def gpu_sets(num_instances: int, gpus: list[int]) -> list[str]:
+    """Split the visible GPUs evenly into one CUDA_VISIBLE_DEVICES list per instance (TP within it)."""
+    return _split(num_instances, sorted(gpus), "GPU")
+
+
+def cuda_devices() -> list[int]:
+    """The GPUs this process sees; [] on a CPU-only machine (the CPU torch build has no CUDA)."""
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def _split(num_instances: int, units: list[int], what: str) -> list[str]:
     if num_instances < 1:
         raise ValueError("instances.count must be >= 1")
-    if num_instances > len(cores):
+    if num_instances > len(units):
         raise ValueError(
-            f"instances.count={num_instances} needs at least one CPU core each, but only {len(cores)} are usable"
+            f"instances.count={num_instances} needs at least one {what} each, but only {len(units)} are usable"
         )
-    per = len(cores) // num_instances
-    return [",".join(str(c) for c in cores[i * per:(i + 1) * per]) for i in range(num_instances)]
+    per = len(units) // num_instances
+    return [",".join(str(c) for c in units[i * per:(i + 1) * per]) for i in range(num_instances)]
 
 
 class VLLMServer(GuardedProcess):
