@@ -150,18 +150,10 @@ class SyncLoop:
         trainer.export_hf(out)
 
         async def push():
-            try:
-                await push_weights(pool.clients, str(out), version, kv_pool=self.kv_pool_on)
-                await require_version(pool.clients, version)
-            finally:
-                await pool.aclose_clients()
+            await push_weights(pool.clients, str(out), version, kv_pool=self.kv_pool_on)
+            await require_version(pool.clients, version)
 
-        try:
-            asyncio.run(push())
-        except Exception:
-            if not self.drop_dead_instances(pool, engine, "during the weight update"):
-                raise
-            asyncio.run(push())
+        self._on_live_instances(pool, engine, "during the weight update", push)
         for old in (self.run_dir / "weights").glob("v*"):
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)
@@ -208,21 +200,25 @@ class SyncLoop:
         self.console.print(f"[yellow]continuing with {len(pool.clients)} instance(s): {', '.join(pool.names)}[/]")
 
     def check_versions(self, pool: InstancePool, version: int, engine: RolloutEngine | None = None) -> None:
-        """Every instance serves `version`. One that dies between the health probe and this check
-        (its connection resets) is dropped and the others are checked again; a wrong version on a
-        live instance stops the run."""
-        async def check():
+        """Every instance serves `version`; a wrong version on a live instance stops the run."""
+        self._on_live_instances(pool, engine, "before the rollout", lambda: require_version(pool.clients, version))
+
+    def _on_live_instances(self, pool: InstancePool, engine: RolloutEngine | None, when: str, work) -> None:
+        """Run `work()` (a coroutine over `pool.clients`); if it fails because instances died
+        meanwhile (a push or a check to them fails, and they no longer answer /health), drop them
+        and run it again on the others. Any other failure stops the run."""
+        async def once():
             try:
-                await require_version(pool.clients, version)
+                await work()
             finally:
                 await pool.aclose_clients()
 
         try:
-            asyncio.run(check())
+            asyncio.run(once())
         except Exception:
-            if not self.drop_dead_instances(pool, engine, "before the rollout"):
+            if not self.drop_dead_instances(pool, engine, when):
                 raise
-            asyncio.run(check())
+            asyncio.run(once())
 
     # ---- the loop ---------------------------------------------------------------------------------
     def run(self, iterations: int | None = None, resume: bool = False) -> list[dict]:
