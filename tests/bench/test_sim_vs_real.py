@@ -14,7 +14,7 @@ inst0) and two short ones (30-69 tokens) that leave the other instance idle afte
 KV is ample (no preemption), and batches are large enough (64 long requests on one instance
 against 32 on each) for the per-token cost to matter: on a latency-bound instance balance would
 not change the wall time. 512-token chunks (three per long request). The simulator puts divided
-rollout and context-aware scheduling 1.4x above the baseline, and ties them with it (0.94x) when
+rollout and context-aware scheduling 1.4x above the baseline, and ties them with it when
 the long groups are swapped onto different instances (the cheap test below), so the order is
 decided by balance.
 
