@@ -92,7 +92,7 @@ class CompareSettings:
 # lengths), two instances whose KV memory, not max_num_seqs, bounds concurrency (docs/bench.md says
 # why 32 MiB), the whole ladder, the chunked configurations on a Mooncake KV pool as `seer-run` runs
 # them (the paper's divided rollout includes its global KV pool). 32 groups, not `seer-run`'s 16 per
-# iteration, put the instances where the paper's are: each is handed ~4.4x the KV it holds (the
+# iteration, put the instances where the paper's are: each is handed ~4.2x the KV it holds (the
 # paper's 1.7-6.5x) and the longest response's own decode takes about half the rollout. With 16
 # groups (`run-iteration`) that decode is the whole rollout: group round-robin starts the longest
 # response at 0 s and never interrupts it, so it already runs at that bound and no schedule can win
