@@ -95,7 +95,7 @@ class CompareSettings:
 # iteration, put the instances where the paper's are: each is handed ~4.2x the KV it holds (the
 # paper's 1.7-6.5x), and group round-robin loses time to imbalance and preemption above the bound
 # that the longest response's own decode sets. With 16 groups (`run-iteration`) it runs at that
-# bound: it starts the longest response at 0 s and never interrupts it, and no schedule can win
+# bound: it starts the longest response at 0 s and never interrupts it, which leaves nothing to win
 # (docs/bench.md, "16 groups: bound by one response"). `default-longtail`: 16 groups without grouped
 # SD (the runs recorded before it joined the default). `tiny`: the CompareSettings defaults (tiny
 # model, model mode), which tests and quick checks build on.
