@@ -1,0 +1,19 @@
+"""The simulator, given the lengths a recorded real `seer-bench compare` run replayed, ranks the
+configurations as that run measured them (no processes: the real side is the recorded run)."""
+
+import itertools
+
+import pytest
+
+from bench.sim.replay_compare import ratios
+
+RECORDED = ["bench/results/compare/compare.json", "bench/results/compare_run_iteration/compare.json"]
+
+
+@pytest.mark.parametrize("path", RECORDED)
+def test_the_simulator_orders_a_recorded_real_ladder_as_it_was_measured(path):
+    real, sim, about = ratios(path)
+    pairs = [(a, b) for a, b in itertools.permutations(real, 2) if real[a] > 1.05 * real[b]]
+    assert pairs, f"{path}: the real run separates no pair by 5% ({real})"
+    for a, b in pairs:  # every pair the real run separated, the simulator orders the same way
+        assert sim[a] > sim[b], f"{path} ({about}): real {a} {real[a]:.2f} > {b} {real[b]:.2f}, simulated {sim}"
