@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from bench.configs import BY_NAME, select
 from bench.sim.chunk_model import load_chunk_costs
@@ -21,8 +22,16 @@ from bench.sim.simulate import SimSettings, simulate
 from bench.sim.speculation import AcceptanceTable
 from bench.sim.step_model import load
 from bench.workloads import Workload
+from seer.kvpool.accounting import kv_bytes_per_token as pool_kv_bytes_per_token
+from seer.model.presets import get_preset
 
-KV_BYTES_PER_TOKEN = {"default": 2048, "tiny": 512}  # fp32 KV of the embedded presets
+def kv_bytes_per_token(model: str) -> int:
+    """fp32 KV bytes per token of the run's model: a checkpoint directory, or an embedded preset
+    (read from its recipe, so the check needs no built model)."""
+    if Path(model).is_dir():
+        return pool_kv_bytes_per_token(model, "float32")
+    a = get_preset(model).arch
+    return a.num_layers * a.num_kv_heads * (a.hidden_size // a.num_heads) * 2 * 4
 
 
 def ratios(path: str) -> tuple[dict[str, float], dict[str, float], str]:
@@ -31,7 +40,6 @@ def ratios(path: str) -> tuple[dict[str, float], dict[str, float], str]:
     line describing the workload."""
     j = json.load(open(path))
     s = j["settings"]
-    model = "default" if "default" in str(s["model"]) else "tiny"
     runs = j["runs"]
     hidden = {tuple(int(x) for x in k.split("-")): v for k, v in runs[0]["lengths"].items()}
     # the baseline sends each request once: its prompt tokens are the prompts' own
@@ -39,7 +47,7 @@ def ratios(path: str) -> tuple[dict[str, float], dict[str, float], str]:
     prompt = round(base["stats"]["extra"]["breakdown"]["total"]["prompt_tokens"] / len(hidden))
     w = Workload("replay", instances=s["instances"], groups=s["groups"], group_size=s["group_size"],
                  max_tokens=s["max_tokens"], mean_tokens=round(statistics.mean(hidden.values())), prompt_tokens=prompt,
-                 kv_capacity_tokens=s["kv_cache_bytes"] // KV_BYTES_PER_TOKEN[model], max_num_seqs=s["max_num_seqs"],
+                 kv_capacity_tokens=s["kv_cache_bytes"] // kv_bytes_per_token(s["model"]), max_num_seqs=s["max_num_seqs"],
                  chunk_size=s["chunk_size"])
     settings = SimSettings(load().model, AcceptanceTable.paper(), chunk_cost=load_chunk_costs(), kv_pool=s["kv_pool"],
                            block_size=128)

@@ -50,8 +50,8 @@ CONFIGS = ("baseline", "divided", "context")
 # Each configuration runs once per round; a pair's real order is the median over rounds of the
 # ratio within a round. Single runs swung by +-50% on this shared machine with unpinned instances
 # (the previous, balanced workload: the baseline took 6.0 s in one run and 10.9 s in another at
-# load average 15-25), and the real gap narrowed under heavy load: at load average 34 three rounds measured baseline/context 1.40 / 0.97 / 1.15 and
-# baseline/divided 1.58 / 1.36 / 1.08, where at load average 11 they were 1.49 / 1.57 / 1.57 and
+# load average 15-25), and the real gap narrowed under heavy load: at load average 34 three
+# rounds measured baseline/context 1.40 / 0.97 / 1.15 and baseline/divided 1.58 / 1.36 / 1.08, where at load average 11 they were 1.49 / 1.57 / 1.57 and
 # 1.17 / 1.55 / 2.05. A median of three fails on two bad rounds; this is the median of five,
 # evaluated sequentially: after three rounds a pair whose rounds all agree is decided (two more
 # rounds cannot move the median of five across 1), so the fourth and fifth run only when some
@@ -95,7 +95,7 @@ def test_the_simulator_separates_the_chunked_configurations_from_the_baseline_by
     sim = sim_throughput(WORKLOAD.prompt_tokens)
     assert all(sim[c] > SEPARATED * sim["baseline"] for c in ("divided", "context")), sim
     balanced = sim_throughput(WORKLOAD.prompt_tokens, hidden_lengths((0, 1)))
-    assert max(balanced.values()) < 1.1 * min(balanced.values()), balanced
+    assert max(balanced.values()) < 1.05 * min(balanced.values()), balanced
 
 
 @pytest.mark.vllm
