@@ -51,8 +51,8 @@ CONFIGS = ("baseline", "divided", "context")
 # ratio within a round. Single runs swung by +-50% on this shared machine with unpinned instances
 # (the previous, balanced workload: the baseline took 6.0 s in one run and 10.9 s in another at
 # load average 15-25), and the real gap narrowed under heavy load: at load average 34 three
-# rounds measured baseline/context 1.40 / 0.97 / 1.15 and baseline/divided 1.58 / 1.36 / 1.08, where at load average 11 they were 1.49 / 1.57 / 1.57 and
-# 1.17 / 1.55 / 2.05. A median of three fails on two bad rounds; this is the median of five,
+# rounds measured baseline/context 1.40 / 0.97 / 1.15 and baseline/divided 1.58 / 1.36 / 1.08,
+# where at load average 11 they were 1.49 / 1.57 / 1.57 and 1.17 / 1.55 / 2.05. A median of three fails on two bad rounds; this is the median of five,
 # evaluated sequentially: after three rounds a pair whose rounds all agree is decided (two more
 # rounds cannot move the median of five across 1), so the fourth and fifth run only when some
 # pair's rounds disagree, and the verdict is the one five rounds would give. A round takes
