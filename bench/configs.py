@@ -25,7 +25,10 @@ class BenchConfig:
 
 LADDER: tuple[BenchConfig, ...] = (
     BenchConfig("baseline", "group_rr", label="baseline (group round-robin)"),
-    BenchConfig("divided", "divided", label="+ divided rollout"),
+    # Requests in arrival order, a started one before those not yet started (DividedFifo's
+    # `continuations_first`): the reading of divided rollout whose tail matches the paper's
+    # (docs/bench.md, "The divided rollout step").
+    BenchConfig("divided", "divided", label="+ divided rollout", sched=(("continuations_first", True),)),
     BenchConfig("context", "context", label="+ context-aware scheduling"),
     BenchConfig("grouped_sd", "context", speculate=True, label="+ grouped speculative decoding"),
     BenchConfig("oracle", "oracle_lfs", label="oracle longest-first (knows lengths)"),

@@ -5,13 +5,17 @@ proportions are that machine's: a fixed 2.6 ms per step, 33 us per computed posi
 per context token. At the paper's contexts (hundreds of thousands of KV tokens per instance) the
 context term is then ~95% of every step, so a step costs about the same per request whatever the
 batch, and verifying draft tokens costs almost nothing next to it. On the paper's hardware the
-proportions differ: reading the weights (every expert is touched at these batch sizes) costs about
-as much as reading a full KV cache, and each computed position costs real FLOPs.
+proportions differ: reading the weights costs about as much as reading a full KV cache, and each
+computed position costs real FLOPs.
 
 This module gives the same linear form with coefficients from the model's and the GPU's published
 numbers, at their peaks (no efficiency factor, nothing fitted to the paper's results):
 
     fixed       = weight bytes per GPU / HBM bandwidth       (each GPU reads its share every step)
+    experts     = routed-expert bytes per GPU / HBM bandwidth x (1 - (1 - k/n)^positions)
+                  (a mixture of experts on its own GPUs, Moonlight: a step reads the experts its
+                  positions were routed to, k of n each, uniformly; at Moonlight's ~15-20 chunks
+                  per instance that is ~3/4 of them, with 9 positions per request all of them)
     per_token   = 2 x activated params / (GPUs x peak FLOPS)   (one computed position: decode or draft)
     per_context = KV bytes per token / (GPUs x HBM bandwidth)  (attention reads each request's KV once
                                                                 per step, however many positions)
@@ -28,8 +32,18 @@ analysis; GQA: query heads / KV heads), so with p positions it stays memory-boun
 p x intensity is below the GPU's ridge point (BF16 FLOPS / bandwidth) and costs
 p x intensity / ridge times the memory-bound time above it (`attention_multiplier`).
 
-Not modelled: tensor-parallel all-reduces and expert-parallel all-to-all (both add per-step and
-per-token time), the quadratic attention FLOPs of a long prefill, kernel efficiency below peak.
+Expert-parallel all-to-all (Kimi-K2's EP32): every position a rank computes is dispatched to its
+experts' ranks and combined back, at every MoE layer. Its cost per position is DeepEP's published
+low-latency kernels on the paper's hardware (H800, CX7 400 Gb/s InfiniBand, 128 tokens per rank,
+hidden 7168, top-8, FP8 dispatch, BF16 combine: the DeepSeek-V3 setting, which is Kimi-K2's):
+dispatch + combine latency at the EP size, over 128 tokens, times the MoE layers. The kernels run
+at 48-53 GB/s of the NIC's ~50 there, i.e. bandwidth-bound, so the cost is taken per token (the
+kernels' latency floor at small batches, unpublished, is left out: it would only make speculation
+cheaper to switch off). It counts on the rank's own positions, like its attention, so a step waits
+for the busiest rank's all-to-all; it applies under either step model, being the network's.
+
+Not modelled: tensor-parallel all-reduces, the quadratic attention FLOPs of a long prefill, kernel
+efficiency below peak, overlap of the all-to-all with compute (two micro-batches).
 `python -m bench.sim --step-model roofline` uses it; the default stays the measured model.
 """
 
@@ -71,6 +85,15 @@ class ModelSpec:
     # experts), and those of them a token activates (computed on the token's own rank).
     replicated_params: float = 0.0
     replicated_active_params: float = 0.0
+    # Mixture of experts (for the expert-parallel all-to-all): layers with routed experts, hidden size,
+    # routed experts per token. 0 MoE layers: dense, or its experts are never spread over GPUs here.
+    moe_layers: int = 0
+    hidden: int = 0
+    experts_per_token: int = 0
+    # For the expert reads of a small batch: routed experts per MoE layer and their parameters in all.
+    # 0: every expert counts as read every step (dense, or enough tokens that all are touched).
+    routed_experts: int = 0
+    routed_params: float = 0.0
 
     @property
     def bytes_per_param(self) -> int:
@@ -115,12 +138,38 @@ KIMI_K2_REPLICATED_ACTIVE_SHARE = 10.38 / 31.52
 # heads), Qwen2-VL-72B (its Qwen2-72B language model: 80 layers, 64 query heads, 8 KV heads of
 # 128), Kimi-K2 (1.04T total, 32B active, 61 layers, MLA with 64 heads, released in FP8).
 MODELS: dict[str, ModelSpec] = {
-    "moonlight": ModelSpec("Moonlight-16B-A3B", 16e9, 3e9, "bf16", _mla(27), _mla_intensity(16)),
+    # Moonlight's config: hidden 2048, 26 of 27 layers with 64 routed experts of 1408 (6 per token)
+    # plus 2 shared: 26 x 64 x 3 x 2048 x 1408 = 14.39B routed parameters.
+    "moonlight": ModelSpec("Moonlight-16B-A3B", 16e9, 3e9, "bf16", _mla(27), _mla_intensity(16),
+                           moe_layers=26, hidden=2048, experts_per_token=6, routed_experts=64,
+                           routed_params=26 * 64 * 3 * 2048 * 1408),
     "qwen2vl72b": ModelSpec("Qwen2-VL-72B", 72.7e9, 72.7e9, "bf16", _gqa(80, 8, 128), _gqa_intensity(64, 8)),
     "kimik2": ModelSpec("Kimi-K2", 1.04e12, 32e9, "fp8", _mla(61), _mla_intensity(64),
                         replicated_params=KIMI_K2_REPLICATED,
-                        replicated_active_params=32e9 * KIMI_K2_REPLICATED_ACTIVE_SHARE),
+                        replicated_active_params=32e9 * KIMI_K2_REPLICATED_ACTIVE_SHARE,
+                        moe_layers=60, hidden=7168, experts_per_token=8),
 }
+
+# DeepEP's README, "Low-latency kernels with pure RDMA": H800 + CX7 400 Gb/s, 128 tokens per rank,
+# hidden 7168, top-8 experts, FP8 dispatch and BF16 combine. EP size -> (dispatch, combine) seconds.
+DEEPEP_H800_LOW_LATENCY: dict[int, tuple[float, float]] = {
+    8: (77e-6, 114e-6), 16: (118e-6, 195e-6), 32: (155e-6, 273e-6),
+    64: (173e-6, 314e-6), 128: (192e-6, 369e-6), 256: (194e-6, 360e-6),
+}
+DEEPEP_TOKENS, DEEPEP_HIDDEN, DEEPEP_TOPK = 128, 7168, 8
+
+
+def alltoall_per_position_s(model: ModelSpec, ep_size: int) -> float:
+    """Seconds of expert-parallel dispatch + combine per position a rank computes (0 without EP).
+
+    DeepEP's measured latency at `ep_size` (the nearest published size at or above it) per token,
+    scaled by the bytes moved (hidden x experts per token) and the MoE layers."""
+    if ep_size <= 1 or not model.moe_layers:
+        return 0.0
+    size = min((e for e in DEEPEP_H800_LOW_LATENCY if e >= ep_size), default=max(DEEPEP_H800_LOW_LATENCY))
+    dispatch, combine = DEEPEP_H800_LOW_LATENCY[size]
+    volume = (model.hidden / DEEPEP_HIDDEN) * (model.experts_per_token / DEEPEP_TOPK)
+    return model.moe_layers * (dispatch + combine) / DEEPEP_TOKENS * volume
 
 
 def weight_bytes_per_gpu(model: ModelSpec, gpus: int, dp_ranks: int = 1) -> float:
@@ -166,11 +215,18 @@ def roofline(model: ModelSpec, gpus: int, gpu: Gpu = H800, dp_ranks: int = 1) ->
     batch split evenly; each GPU reads its own weights every step (more than weights / gpus under
     DP attention, which replicates the non-expert layers)."""
     per_token = 2.0 * model.active_params / (gpus * gpu.flops[model.weight_dtype])
+    weights_s = weight_bytes_per_gpu(model, gpus, dp_ranks) / gpu.hbm_bytes_per_s
+    # Without expert parallelism a small batch reads only the experts its tokens were routed to.
+    experts_s = model.routed_params * model.bytes_per_param / gpus / gpu.hbm_bytes_per_s \
+        if model.routed_experts and dp_ranks <= 1 else 0.0
     return StepModel(
-        fixed_s=weight_bytes_per_gpu(model, gpus, dp_ranks) / gpu.hbm_bytes_per_s,
+        fixed_s=weights_s - experts_s,
         per_token_s=per_token,
         per_context_s=model.kv_bytes_per_token / (gpus * gpu.hbm_bytes_per_s),
         prefill_per_token_s=per_token,
+        experts_s=experts_s,
+        experts=model.routed_experts if experts_s else 0,
+        experts_per_token=model.experts_per_token if experts_s else 0,
     )
 
 
@@ -178,6 +234,10 @@ def describe(name: str, gpus: int, gpu: Gpu = H800, dp_ranks: int = 1) -> str:
     m = MODELS[name]
     s = roofline(m, gpus, gpu, dp_ranks)
     dp = f" (DP attention over {dp_ranks} ranks)" if dp_ranks > 1 else ""
-    return (f"{m.name} on {gpus} x {gpu.name}{dp} (roofline): step = {s.fixed_s * 1e3:.2f} ms + "
+    experts = (f" + {s.experts_s * 1e3:.2f} ms x (1 - (1 - {s.experts_per_token}/{s.experts})^tokens) of routed "
+               f"experts") if s.experts_s else ""
+    a2a = alltoall_per_position_s(m, gpus) if dp_ranks > 1 else 0.0
+    a2a_text = f"; expert-parallel all-to-all {a2a * 1e6:.1f} us per position on a rank (DeepEP, H800)" if a2a else ""
+    return (f"{m.name} on {gpus} x {gpu.name}{dp} (roofline): step = {s.fixed_s * 1e3:.2f} ms{experts} + "
             f"{s.per_token_s * 1e6:.2f} us/token + {s.per_context_s * 1e9:.3f} ns/context-token; "
-            f"prefill {s.prefill_per_token_s * 1e6:.2f} us/token")
+            f"prefill {s.prefill_per_token_s * 1e6:.2f} us/token{a2a_text}")

@@ -127,6 +127,7 @@ class SimInstance:
     ranks: int = 1  # data-parallel attention ranks, each with its own KV pool
     local_share: float = 1.0  # DP: share of a position's compute on its own rank (the rest: experts)
     ridge_positions: float = math.inf  # query positions per request beyond which attention is compute-bound
+    alltoall_per_position_s: float = 0.0  # expert-parallel dispatch + combine per position on a rank (real s)
     pool_vs_prefill: float = POOL_VS_PREFILL
     # vLLM's --scheduling-policy: False: fcfs (priorities ignored), True: priority (see the module docstring)
     priority_scheduling: bool = False
@@ -194,7 +195,10 @@ class SimInstance:
         worst_cost, worst_growth, any_active = -1.0, 0.0, False
         # The rank's own planner prices its batch as if every rank had the same (the instance's
         # step model at r times the rank's batch).
-        plan_step = st if r == 1 else StepModel(st.fixed_s, st.per_token_s * r, st.per_context_s * r, st.prefill_per_token_s * r)
+        a2a = self.alltoall_per_position_s
+        plan_step = st if r == 1 and not a2a else StepModel(st.fixed_s, st.per_token_s * r + a2a, st.per_context_s * r,
+                                                            st.prefill_per_token_s * r, st.experts_s, st.experts,
+                                                            st.experts_per_token)
         for pool in self.pools:
             active = [s for s in pool.running if s.ready_at <= self.now + EPS]
             if not active:
@@ -228,7 +232,7 @@ class SimInstance:
                     rate_attn += s.rate * s.attn
             total_positions += positions
             # Algorithm 1 weighed the drafting time; the step pays it too (the lookup precedes the forward).
-            cost = (self.local_share * r * st.per_token_s * positions + r * st.per_context_s * attn_ctx * unit
+            cost = ((self.local_share * r * st.per_token_s + a2a) * positions + r * st.per_context_s * attn_ctx * unit
                     + drafted * DRAFT_US_PER_TOKEN)
             if cost > worst_cost:
                 worst_cost, worst_growth = cost, rate_attn
@@ -237,7 +241,9 @@ class SimInstance:
             self._growth = 0.0
             return
         # With one rank: fixed + per_token x positions + per_context x context (x attention) + drafting.
-        self._step_s = unit * (st.fixed_s + (1.0 - self.local_share) * st.per_token_s * total_positions + worst_cost)
+        # MoE: the routed experts' weights are read for the experts the step's positions touch.
+        self._step_s = unit * (st.fixed_s + st.experts_read_s(total_positions)
+                               + (1.0 - self.local_share) * st.per_token_s * total_positions + worst_cost)
         # Every step adds `rate` units of context per request, so the step time grows by this much per step.
         self._growth = unit * r * st.per_context_s * unit * worst_growth
 

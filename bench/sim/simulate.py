@@ -24,7 +24,7 @@ from seer.scheduler.driver import RolloutResult
 
 from bench.configs import BenchConfig
 from bench.sim.chunk_model import ChunkCost
-from bench.sim.hardware import MODELS, attention_ridge_positions, dp_local_share
+from bench.sim.hardware import MODELS, alltoall_per_position_s, attention_ridge_positions, dp_local_share
 from bench.sim.hardware import roofline as roofline_step
 from bench.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
 from bench.sim.speculation import AcceptanceTable
@@ -63,6 +63,13 @@ class SimSettings:
         (either step model: it is the model's and the GPU's, not the step fit's); none otherwise."""
         m = MODELS.get(workload.name)
         return attention_ridge_positions(m) if m else math.inf
+
+    @staticmethod
+    def alltoall_per_position(workload: Workload) -> float:
+        """Expert-parallel all-to-all seconds per position on a rank (either step model: it is the
+        network's; DeepEP's published H800 numbers), for a model whose experts span the instance."""
+        m = MODELS.get(workload.name)
+        return alltoall_per_position_s(m, workload.gpus_per_instance) if m and workload.dp_ranks > 1 else 0.0
 
     @staticmethod
     def local_share(workload: Workload) -> float:
@@ -126,6 +133,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
                             gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
                             local_share=settings.local_share(workload),
                             ridge_positions=settings.attention_ridge(workload),
+                            alltoall_per_position_s=settings.alltoall_per_position(workload),
                             pool_vs_prefill=settings.pool_vs_prefill,
                             chunk_latency_s=settings.chunk_cost.latency_s,
                             chunk_instance_s=settings.chunk_cost.instance_s,

@@ -27,9 +27,21 @@ class StepModel:
     per_token_s: float
     per_context_s: float
     prefill_per_token_s: float
+    # Mixture of experts whose weights a step reads only for the experts its tokens were routed to
+    # (roofline only; 0 for the measured fit and dense models): reading all routed experts takes
+    # `experts_s`, and with `tokens` positions each picking `experts_per_token` of `experts` the
+    # step reads the expected share touched, 1 - (1 - k/n)^tokens (uniform routing).
+    experts_s: float = 0.0
+    experts: int = 0
+    experts_per_token: int = 0
+
+    def experts_read_s(self, tokens: float) -> float:
+        if not self.experts_s:
+            return 0.0
+        return self.experts_s * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
 
     def step_s(self, tokens: float, context: float) -> float:
-        return self.fixed_s + self.per_token_s * tokens + self.per_context_s * context
+        return self.fixed_s + self.experts_read_s(tokens) + self.per_token_s * tokens + self.per_context_s * context
 
     def prefill_s(self, tokens: float) -> float:
         return self.prefill_per_token_s * tokens
@@ -37,7 +49,7 @@ class StepModel:
     def parallel(self, ways: int) -> StepModel:
         """An instance spread over `ways` devices (TP/DP): variable costs split, the fixed one does not."""
         return StepModel(self.fixed_s, self.per_token_s / ways, self.per_context_s / ways,
-                         self.prefill_per_token_s / ways)
+                         self.prefill_per_token_s / ways, self.experts_s, self.experts, self.experts_per_token)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ class SchedulerConfig:
     kv_capacity_tokens: int | None = None  # overrides the capacity instances report
     starvation_after: int = 512  # context: dispatches a ready request may be passed over
     starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
-    continuations_first: bool = False  # context: a started request's next chunk goes before new requests
+    # context, divided: a started request's next chunk goes before new requests (divided: in arrival order)
+    continuations_first: bool = False
     early_packing: bool = False  # context: reserve KV for what a chunk is expected to generate (policies/context.py)
     # context: chunks carry engine priorities (least progress = preempted first); the instances must run
     # vLLM's priority scheduling (`--scheduling-policy priority`: seer-run starts its instances so with this on)
@@ -50,6 +51,8 @@ class SchedulerConfig:
             params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every,
                       "early_packing": self.early_packing, "continuations_first": self.continuations_first,
                       "engine_priority": self.engine_priority}
+        elif self.policy == "divided":
+            params = {"continuations_first": self.continuations_first}
         return make_policy(
             self.policy,
             chunk_size=self.chunk_size,

@@ -433,35 +433,31 @@ def test_longest_requests_queueing_time():
 
 
 def test_ladder_order_on_a_paper_scenario_at_small_scale():
-    """What the simulator reproduces of the ladder on a small Moonlight: every Seer configuration
-    beats the baseline, speculation adds to context-aware scheduling, and the oracle at least
-    matches FIFO. (Context-aware above divided is not reproduced under Moonlight's memory
-    pressure: docs/bench.md.)"""
+    """The ladder on a small Moonlight: each step at least the previous one, and the oracle at
+    least context-aware scheduling (deterministic: the sim has no noise)."""
     w = PAPER_WORKLOADS["moonlight"].scaled(0.125)
     hidden = w.hidden_lengths(0)
     tps = {c.name: simulate(w, c, hidden, SETTINGS).stats.tokens_per_s for c in LADDER}
-    assert tps["baseline"] < min(tps["divided"], tps["context"])
-    assert tps["context"] < tps["grouped_sd"]
-    assert tps["oracle"] >= tps["divided"]
+    assert tps["baseline"] < tps["divided"] <= tps["context"] < tps["grouped_sd"]
+    assert tps["oracle"] >= tps["context"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_ordering_shortens_the_tail_but_not_the_budget_bound_main_phase(seed):
-    """The diagnosis of docs/bench.md: with lengths a group's probe predicts exactly (ICC 1),
-    context-aware scheduling cuts divided rollout's tail several-fold, yet throughput moves by
-    a few percent at most, and even the oracle's: admission books context + a whole chunk per
-    running chunk, so the batch is bound by the KV budget whatever the order (KV actually held
-    stays well under the 95% that may be booked), and divided rollout's round-robin re-queueing
-    keeps every instance busy through its tail."""
+def test_length_context_removes_divided_rollouts_straggler_tail(seed):
+    """With lengths a group's probe predicts exactly (ICC 1), context-aware scheduling removes the
+    straggler tail that divided rollout (requests in arrival order) leaves, and gains throughput by
+    it. Divided rollout's other reading, a request back from a chunk to the end of the queue
+    (processor sharing), lies between the two: docs/bench.md, "The divided rollout step"."""
     w = replace(PAPER_WORKLOADS["moonlight"], icc=1.0).scaled(0.125)
     hidden = w.hidden_lengths(seed)
-    st = {n: simulate(w, BY_NAME[n], hidden, SETTINGS, seed).stats for n in ("divided", "context", "oracle")}
+    configs = {c.name: c for c in LADDER} | {"requeue": select("divided+continuations_first=false")[0]}
+    st = {n: simulate(w, configs[n], hidden, SETTINGS, seed).stats for n in ("divided", "requeue", "context", "oracle")}
     assert st["context"].tail_s < 0.3 * st["divided"].tail_s
-    assert 0.98 < st["context"].tokens_per_s / st["divided"].tokens_per_s < 1.06
-    assert st["oracle"].tokens_per_s / st["divided"].tokens_per_s < 1.08
-    for s in st.values():
+    assert st["context"].tokens_per_s > 1.02 * st["divided"].tokens_per_s
+    assert st["divided"].tokens_per_s < st["requeue"].tokens_per_s <= st["context"].tokens_per_s
+    assert st["oracle"].tokens_per_s >= st["context"].tokens_per_s
+    for s in st.values():  # the batch is bound by the KV booking, never by the memory held
         assert s.extra["mean_kv_used"] < 0.8
-        assert max(i.idle_fraction for i in s.instances) < 0.05
 
 
 def test_select_configs():
@@ -485,6 +481,42 @@ def test_roofline_kv_layouts_and_costs():
     k = roofline(MODELS["kimik2"], 32)
     assert k.fixed_s == pytest.approx(1.04e12 / 32 / H800.hbm_bytes_per_s)
     assert k.per_token_s == pytest.approx(2 * 32e9 / (32 * H800.flops["fp8"]))
+
+
+def test_roofline_reads_only_the_routed_experts_a_small_batch_touches():
+    """Moonlight on one GPU: a step reads the experts its positions were routed to (6 of 64 each,
+    uniformly), so a 15-chunk batch reads ~3/4 of them and its 9-position verification all."""
+    from bench.sim.hardware import H800, MODELS, roofline
+    m = roofline(MODELS["moonlight"], 1)
+    assert m.fixed_s + m.experts_s == pytest.approx(MODELS["moonlight"].weight_bytes / H800.hbm_bytes_per_s)
+    assert m.experts_read_s(15) == pytest.approx(m.experts_s * (1 - (58 / 64) ** 15))
+    assert m.experts_read_s(135) > 0.999 * m.experts_s
+    assert m.step_s(1, 0) < m.step_s(15, 0) < m.step_s(135, 0)
+    assert m.parallel(1).experts_s == m.experts_s  # kept through the instance's spread
+    # dense, and expert-parallel (the instance's ~300 positions touch every expert): no such term
+    assert roofline(MODELS["qwen2vl72b"], 8).experts_s == 0
+    assert roofline(MODELS["kimik2"], 32, dp_ranks=32).experts_s == 0
+
+
+def test_expert_parallel_alltoall_is_deepeps_h800_latency_per_token():
+    from bench.sim.hardware import MODELS, alltoall_per_position_s
+    # DeepEP low-latency kernels, EP32 on H800: dispatch 155 us + combine 273 us for 128 tokens, 60 MoE layers
+    assert alltoall_per_position_s(MODELS["kimik2"], 32) == pytest.approx(60 * (155e-6 + 273e-6) / 128)
+    assert alltoall_per_position_s(MODELS["kimik2"], 20) == alltoall_per_position_s(MODELS["kimik2"], 32)
+    assert alltoall_per_position_s(MODELS["moonlight"], 1) == 0.0
+    w = PAPER_WORKLOADS["kimik2"]
+    assert SimSettings.alltoall_per_position(w) == alltoall_per_position_s(MODELS["kimik2"], 32)
+    assert SimSettings.alltoall_per_position(PAPER_WORKLOADS["qwen2vl72b"]) == 0.0
+
+
+def test_dp_step_pays_the_alltoall_of_the_busiest_ranks_positions():
+    none = StepModel(fixed_s=1e-3, per_token_s=0.0, per_context_s=0.0, prefill_per_token_s=0.0)
+    a2a = 1e-4
+    dp = SimInstance("a", capacity=10_000, max_num_seqs=8, step=none, unit=1, ranks=2, alltoall_per_position_s=a2a)
+    for i in range(3):  # the balancer alternates: [0, 2 | 1]
+        dp.submit(_seq(i, 10, 50), 0.0)
+    dp.settle()
+    assert dp._step_s == pytest.approx(1e-3 + 2 * a2a)
 
 
 def test_weights_per_gpu_under_dp_attention():

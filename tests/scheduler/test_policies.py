@@ -3,6 +3,7 @@
 import pytest
 
 from sched_helpers import finished, loads, request
+from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Dispatch, Wait
 from seer.scheduler.placement import PlacementConfig
 from seer.scheduler.policies import (
@@ -163,6 +164,21 @@ def test_divided_is_fifo_and_a_returning_request_goes_to_the_back():
     p.on_dispatched(d)
     p.on_ready(a)  # back after its first chunk
     assert drain(p) == ["g0-s1", "g1-s0", "g0-s0"]
+
+
+def test_divided_continuations_first_keeps_each_requests_arrival_place():
+    """The ladder's divided rollout: a request back from a chunk goes before every request not yet
+    started, and started requests among themselves keep their first arrival order."""
+    p = DividedFifo(chunk_size=100, placement=CFG, continuations_first=True)
+    a, b, c = request(0, 0), request(0, 1), request(1, 0)
+    for r in (a, b, c):
+        p.on_ready(r)
+    for _ in range(2):  # a and b each run a chunk; b comes back first
+        p.on_dispatched(p.pick(BIG))
+    p.on_ready(b)
+    p.on_ready(a)
+    assert drain(p) == ["g0-s0", "g0-s1", "g1-s0"]
+    assert SchedulerConfig(policy="divided", continuations_first=True).build_policy().continuations_first
 
 
 def test_divided_balances_on_free_kv():

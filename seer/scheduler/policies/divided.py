@@ -2,6 +2,17 @@
 
 The ablation step between the baseline and Seer: it gains load balance and KV-bounded
 admission from chunking, but orders work by arrival only.
+
+"The request goes back to the buffer" has two readings, and they schedule very differently:
+
+* default: a request back from a chunk joins the end of the queue. Every request gets a chunk
+  in turn, like processor sharing, so the longest requests all start early and advance at the
+  same pace: this alone removes most of the tail (in the sim, -73% on Moonlight where the paper
+  measured -21% for its divided rollout).
+* `continuations_first`: a request keeps its place in arrival order, so a started request's
+  next chunk goes before every request not yet started (requests run to completion in arrival
+  order, each chunk on the instance with the most free KV). Long requests that arrived late
+  start late and finish late: the straggler tail that length context is there to remove.
 """
 
 from __future__ import annotations
@@ -18,13 +29,20 @@ from seer.scheduler.policies.index import PriorityIndex
 class DividedFifo(Policy):
     name = "divided"
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None) -> None:
+    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
+                 continuations_first: bool = False) -> None:
         super().__init__(chunk_size, placement)
+        self.continuations_first = continuations_first
         self._ready = PriorityIndex()
-        self._arrivals = 0  # a request back from a chunk joins the end of the queue
+        self._arrivals = 0
+        self._first_arrival: dict[Request, int] = {}
 
     def on_ready(self, req: Request) -> None:
-        self._ready.add(req, (self._arrivals,))
+        if self.continuations_first:  # the request's place is its first arrival
+            key = self._first_arrival.setdefault(req, self._arrivals)
+        else:  # a request back from a chunk joins the end of the queue
+            key = self._arrivals
+        self._ready.add(req, (key,))
         self._arrivals += 1
 
     def on_dispatched(self, decision: Dispatch) -> None:
