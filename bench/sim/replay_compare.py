@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from bench.configs import BY_NAME, select
+from bench.configs import select
 from bench.sim.chunk_model import load_chunk_costs
 from bench.sim.simulate import SimSettings, simulate
 from bench.sim.speculation import AcceptanceTable
@@ -51,9 +52,14 @@ def ratios(path: str) -> tuple[dict[str, float], dict[str, float], str]:
                  chunk_size=s["chunk_size"])
     settings = SimSettings(load().model, AcceptanceTable.paper(), chunk_cost=load_chunk_costs(), kv_pool=s["kv_pool"],
                            block_size=128)
-    names = [c.name for c in select(s["configs"]) if not c.speculate]
+    configs = {c.name: c for c in select(s["configs"]) if not c.speculate}
+    # A recording made before runs stored their scheduler settings ran divided rollout with the
+    # re-queue at the end of the queue (DividedFifo's default): simulate what ran.
+    recorded = j.get("config_sched", {"divided": {}})
+    configs = {n: replace(c, sched=tuple(recorded[n].items())) if n in recorded else c for n, c in configs.items()}
+    names = list(configs)
     real = {n: statistics.mean(r["stats"]["tokens_per_s"] for r in runs if r["config"] == n) for n in names}
-    sim = {n: simulate(w, BY_NAME[n], hidden, settings).stats.tokens_per_s for n in names}
+    sim = {n: simulate(w, configs[n], hidden, settings).stats.tokens_per_s for n in names}
     about = f"{len(hidden)} requests, {sum(hidden.values())} tokens, prompt {prompt}, KV {w.kv_capacity_tokens} slots"
     return ({n: v / real["baseline"] for n, v in real.items()}, {n: v / sim["baseline"] for n, v in sim.items()}, about)
 
