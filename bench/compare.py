@@ -343,7 +343,7 @@ def summarize(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigR
         "bench": "compare", "settings": asdict(s), "machine": platform.platform(), "cpus": os.cpu_count(),
         "command": command_line(s),
         # each configuration's scheduler settings, so a replay (bench.sim.replay_compare) runs what ran here
-        "config_sched": {c.name: dict(c.sched) for c in select(s.configs)},
+        "config_sched": {c.name: dict(c.sched) for c in configs},
         "configs": rows,
         "runs": [{"config": r.config, "repeat": r.repeat, "position": r.position, "stats": asdict(r.stats),
                   "mean_acceptance_length": r.mean_acceptance_length, "lengths": r.lengths} for r in runs],

@@ -27,7 +27,7 @@ LADDER: tuple[BenchConfig, ...] = (
     BenchConfig("baseline", "group_rr", label="baseline (group round-robin)"),
     # Requests in arrival order, a started one before those not yet started (DividedFifo's
     # `continuations_first`): the reading of divided rollout whose tail matches the paper's
-    # (docs/bench.md, "The divided rollout step").
+    # (docs/bench.md, "Current result", change 4).
     BenchConfig("divided", "divided", label="+ divided rollout", sched=(("continuations_first", True),)),
     BenchConfig("context", "context", label="+ context-aware scheduling"),
     BenchConfig("grouped_sd", "context", speculate=True, label="+ grouped speculative decoding"),

@@ -140,7 +140,7 @@ KIMI_K2_MEMORY_FRACTION = 0.9
 # max_num_seqs 1024 per engine: veRL's rollout default and vLLM's own on 80 GB GPUs.
 # The within-group correlation is not published ("strongly correlated within a group"): PAPER_ICC is
 # calibrated on the one published figure it decides, context-aware scheduling at 96% of the oracle
-# (docs/bench.md, "Calibrating the length correlation"); Table 4, which the bar checks, is not used.
+# (docs/bench.md, "Current result", change 5); Table 4, which the bar checks, is not used.
 PAPER_ICC = 0.98
 PAPER_WORKLOADS: dict[str, Workload] = {
     "moonlight": Workload(

@@ -44,7 +44,7 @@ for the busiest rank's all-to-all; it applies under either step model, being the
 
 Not modelled: tensor-parallel all-reduces, the quadratic attention FLOPs of a long prefill, kernel
 efficiency below peak, overlap of the all-to-all with compute (two micro-batches).
-`python -m bench.sim --step-model roofline` uses it; the default stays the measured model.
+`python -m bench.sim` uses it for the paper's scenarios; `--step-model measured` the fit instead.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ModelSpec:
     replicated_params: float = 0.0
     replicated_active_params: float = 0.0
     # Mixture of experts (for the expert-parallel all-to-all): layers with routed experts, hidden size,
-    # routed experts per token. 0 MoE layers: dense, or its experts are never spread over GPUs here.
+    # routed experts per token. 0 MoE layers: dense (no all-to-all, whatever the parallelism).
     moe_layers: int = 0
     hidden: int = 0
     experts_per_token: int = 0

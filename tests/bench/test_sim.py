@@ -447,7 +447,7 @@ def test_length_context_removes_divided_rollouts_straggler_tail(seed):
     """With lengths a group's probe predicts exactly (ICC 1), context-aware scheduling removes the
     straggler tail that divided rollout (requests in arrival order) leaves, and gains throughput by
     it. Divided rollout's other reading, a request back from a chunk to the end of the queue
-    (processor sharing), lies between the two: docs/bench.md, "The divided rollout step"."""
+    (processor sharing), lies between the two: docs/bench.md, "Current result", change 4."""
     w = replace(PAPER_WORKLOADS["moonlight"], icc=1.0).scaled(0.125)
     hidden = w.hidden_lengths(seed)
     configs = {c.name: c for c in LADDER} | {"requeue": select("divided+continuations_first=false")[0]}

@@ -35,14 +35,11 @@ class DividedFifo(Policy):
         self.continuations_first = continuations_first
         self._ready = PriorityIndex()
         self._arrivals = 0
-        self._first_arrival: dict[Request, int] = {}
 
     def on_ready(self, req: Request) -> None:
-        if self.continuations_first:  # the request's place is its first arrival
-            key = self._first_arrival.setdefault(req, self._arrivals)
-        else:  # a request back from a chunk joins the end of the queue
-            key = self._arrivals
-        self._ready.add(req, (key,))
+        # continuations_first: the request's place is its arrival (`seq`); otherwise a request back
+        # from a chunk joins the end of the queue
+        self._ready.add(req, (req.seq if self.continuations_first else self._arrivals,))
         self._arrivals += 1
 
     def on_dispatched(self, decision: Dispatch) -> None:
