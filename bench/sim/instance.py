@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from seer.scheduler.dispatcher import ChunkTicket
 
@@ -196,9 +196,9 @@ class SimInstance:
         # The rank's own planner prices its batch as if every rank had the same (the instance's
         # step model at r times the rank's batch).
         a2a = self.alltoall_per_position_s
-        plan_step = st if r == 1 and not a2a else StepModel(st.fixed_s, st.per_token_s * r + a2a, st.per_context_s * r,
-                                                            st.prefill_per_token_s * r, st.experts_s, st.experts,
-                                                            st.experts_per_token)
+        plan_step = st if r == 1 and not a2a else replace(st, per_token_s=st.per_token_s * r + a2a,
+                                                          per_context_s=st.per_context_s * r,
+                                                          prefill_per_token_s=st.prefill_per_token_s * r)
         for pool in self.pools:
             active = [s for s in pool.running if s.ready_at <= self.now + EPS]
             if not active:

@@ -13,7 +13,7 @@ cost (recompute after preemption, first prompt). Coefficients come from `step_ti
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +48,8 @@ class StepModel:
 
     def parallel(self, ways: int) -> StepModel:
         """An instance spread over `ways` devices (TP/DP): variable costs split, the fixed one does not."""
-        return StepModel(self.fixed_s, self.per_token_s / ways, self.per_context_s / ways,
-                         self.prefill_per_token_s / ways, self.experts_s, self.experts, self.experts_per_token)
+        return replace(self, per_token_s=self.per_token_s / ways, per_context_s=self.per_context_s / ways,
+                       prefill_per_token_s=self.prefill_per_token_s / ways)
 
 
 @dataclass(frozen=True)
