@@ -23,7 +23,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 
-from seer.rollout.telemetry import parse_prometheus
+from seer.procs.prometheus import parse_prometheus
 
 # Counters and histogram sums/counts that the breakdown diffs between two scrapes.
 _METRICS = (

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seer.rollout.engine import stats_from_result
-from seer.rollout.types import InstanceStats, IterationStats, PromptSpec, SamplingParams
+from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams
 from seer.kvpool import KVPool
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
@@ -172,7 +172,8 @@ def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix
     max_num_seqs x max_model_len did the same, but vLLM's start-up profiles a batch of that many
     tokens, which runs out of memory for the default model with 256 sequences.)
     """
-    from seer.rollout.instance import InstanceSpec, free_port
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
 
     batched = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, s.max_model_len)))
     return [InstanceSpec(f"{prefix}{i}", str(model_dir), free_port(), cpus=c, max_model_len=s.max_model_len,
@@ -185,8 +186,8 @@ def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix
 def run(s: CompareSettings, progress=print) -> dict:
     from seer.dgds.server import DgdsServer
     from seer.model import ensure_model
-    from seer.rollout.instance import cpu_sets
-    from seer.rollout.pool import InstancePool
+    from seer.procs import cpu_sets
+    from seer.fleet.pool import InstancePool
 
     configs = select(s.configs)
     model_dir = Path(s.model) if Path(s.model).is_dir() else ensure_model(s.model, progress=False)
@@ -223,7 +224,7 @@ def run(s: CompareSettings, progress=print) -> dict:
 def _run_on_instances(s: CompareSettings, configs: list[BenchConfig], prompts: list[PromptSpec], hidden,
                       out: Path, plain_specs: list, pool_specs: list, sd_specs: list, progress) -> dict:
     """Start the instance sets, warm each up, run every configuration of every repeat, write the results."""
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.pool import InstancePool
 
     t0 = time.monotonic()
     kinds = [k for k, specs in (("plain", plain_specs), ("on the KV pool", pool_specs), ("speculative", sd_specs)) if specs]

@@ -40,9 +40,10 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
     from transformers import AutoTokenizer
 
     from seer.model import resolve_model
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
-    from seer.rollout.types import GenerateRequest, SamplingParams
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
+    from seer.types import GenerateRequest, SamplingParams
     from seer.tasks import TaskConfig, encode_prompts, load_task
 
     path = str(resolve_model(model))

@@ -78,7 +78,7 @@ class PhaseResult:
 async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int, max_tokens: int,
                     temperature: float, seed: int, probe_first: bool, progress=None) -> PhaseResult:
     """All requests of the workload on one instance; counters diffed around it."""
-    from seer.rollout.types import GenerateRequest, SamplingParams
+    from seer.types import GenerateRequest, SamplingParams
 
     def req(i, p, k):
         return GenerateRequest(f"{id_prefix}g{i}-s{k}", p.prompt_ids, max_tokens,
@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from seer.dgds.server import DgdsServer
     from seer.model import resolve_model
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
     from seer.tasks import TaskConfig, encode_prompts, load_task
 
     model = str(resolve_model(args.model))

@@ -49,8 +49,9 @@ def calibration(choices: list[dict], n_real: int) -> dict:
 
 
 def run_mode(mode: str, model: str, prompts, args, log_dir: Path) -> dict:
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
 
     extra, env = (), {}
     if mode != "none":

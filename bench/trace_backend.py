@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from seer.dgds.request_ids import parse_request_id
-from seer.rollout.backend import InstanceBackend, Telemetry
-from seer.rollout.types import GenerateRequest, GenerateResult
+from seer.types import InstanceBackend, Telemetry
+from seer.types import GenerateRequest, GenerateResult
 
 from bench.workloads import LengthKey
 

@@ -23,10 +23,11 @@ from seer.dgds.service import DGDSService
 from seer.kvpool import KVPool
 from seer.model import resolve_model
 from seer.rollout.engine import RolloutEngine
-from seer.rollout.instance import InstanceSpec, cpu_sets, cuda_devices, free_port, gpu_sets
-from seer.rollout.pool import InstancePool
-from seer.rollout.types import PromptSpec, RolloutBatch, SamplingParams
-from seer.rollout.weights import push_weights, require_version
+from seer.fleet.instance import InstanceSpec
+from seer.procs import cpu_sets, cuda_devices, free_port, gpu_sets
+from seer.fleet.pool import InstancePool
+from seer.types import PromptSpec, RolloutBatch, SamplingParams
+from seer.fleet.weights import push_weights, require_version
 from seer.tasks import RewardRunner, encode_prompts, iteration_prompts, load_task, max_context_of
 
 

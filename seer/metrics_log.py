@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from seer.rollout.types import RolloutBatch
+from seer.types import RolloutBatch
 
 
 def percentile(values: list[float], q: float) -> float:

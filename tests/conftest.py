@@ -19,8 +19,9 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def vllm_pool(tiny_model, tmp_path_factory):
     """Two real vLLM instances of the tiny model, one CPU core each when there are two."""
-    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import cpu_sets, free_port
+    from seer.fleet.pool import InstancePool
 
     n = 2
     cores = sorted(os.sched_getaffinity(0))
@@ -41,7 +42,7 @@ def _warm_up(pool) -> None:
     which would otherwise make whichever test first touches it look serialized."""
     import asyncio
 
-    from seer.rollout.types import GenerateRequest, SamplingParams
+    from seer.types import GenerateRequest, SamplingParams
 
     async def go():
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from seer.rollout.process import _children
+from seer.procs.process import _children
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -28,14 +28,14 @@ def _vllm_guards(pid: int) -> list[int]:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "seer.rollout.guard" in cmd and "vllm.entrypoints" in cmd:
+        if "seer.procs.guard" in cmd and "vllm.entrypoints" in cmd:
             out.append(child)
     return out
 
 
 def _running(guard: int) -> int:
     """Requests the guard's vLLM server is running now (its /metrics)."""
-    from seer.rollout.telemetry import telemetry_from_metrics
+    from seer.fleet.telemetry import telemetry_from_metrics
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
     port = argv[argv.index("--port") + 1]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from seer.kvpool.accounting import MasterStats
-from seer.rollout.process import _children
-from seer.rollout.telemetry import parse_prometheus
+from seer.procs.process import _children
+from seer.fleet.telemetry import parse_prometheus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -31,7 +31,7 @@ def _master_guard(pid: int) -> tuple[int, int] | None:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "seer.rollout.guard" in cmd and "mooncake_master" in cmd:
+        if "seer.procs.guard" in cmd and "mooncake_master" in cmd:
             return child, int(re.search(r"--metrics_port=(\d+)", cmd).group(1))
     return None
 

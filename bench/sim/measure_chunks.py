@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.configs import BenchConfig
     from bench.trace_backend import TraceBackend
     from seer.model import ensure_model
-    from seer.rollout.instance import cpu_sets
-    from seer.rollout.pool import InstancePool
+    from seer.procs import cpu_sets
+    from seer.fleet.pool import InstancePool
 
     model = Path(args.model) if Path(args.model).is_dir() else ensure_model(args.model, progress=False)
     batches = [int(x) for x in args.batches.split(",")]

@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 
 DEFAULT_OUT = Path(__file__).with_name("step_times.json")
 
@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from seer.model import ensure_model
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
 
     # A path uses that checkpoint as is; a preset name builds it if needed.
     model = Path(args.model) if Path(args.model).is_dir() else ensure_model(args.model, progress=False)

@@ -14,9 +14,9 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from seer.rollout.backend import Telemetry
+from seer.types import Telemetry
 from seer.rollout.engine import stats_from_result
-from seer.rollout.types import GenerateResult, IterationStats, PromptSpec, SamplingParams
+from seer.types import GenerateResult, IterationStats, PromptSpec, SamplingParams
 from seer.scheduler import SchedulerConfig
 from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError

@@ -1,9 +1,8 @@
 """The DGDS as part of a run: launch (or join) the draft server and enable the proposer on instances.
 
-The run config's `dgds:` section. Off by default on CPU: vLLM 0.32's CPU backend does not keep
-sampled (temperature > 0) outputs exact under speculative decoding (docs/dgds.md), and strict
-on-policy RL must never train on samples the policy would not have produced. Turn it on where
-the backend's rejection sampler is exact (GPU), or for greedy rollouts.
+Off by default: on one CPU core the extra verification work costs more than accepted drafts save
+(docs/dgds.md). Sampled outputs stay exact under speculation (seer.dgds's vLLM CPU fix), so
+turning it on never changes what the policy would have produced.
 """
 
 from __future__ import annotations
@@ -11,35 +10,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seer.rollout.instance import InstanceSpec, free_port
-from seer.rollout.process import GuardedProcess
+from seer.dgds.config import DGDSConfig
+from seer.types import LaunchSpec
+from seer.procs import free_port
+from seer.procs import GuardedProcess
 
 PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
-
-
-@dataclass(frozen=True)
-class DGDSConfig:
-    enabled: bool = False
-    address: str | None = None  # host:port of a running `seer-dgds serve`; None launches one here
-    host: str = "127.0.0.1"
-    num_speculative_tokens: int = 8  # gamma_max
-    mode: Literal["group", "request"] = "group"  # request: per-request-only drafting (ablation)
-    adaptive: bool = True  # Algorithm 1 draft lengths; False: always gamma_max
-    max_depth: int = 64
-    ready_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.num_speculative_tokens < 1:
-            raise ValueError(f"dgds.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if self.address is not None and ":" not in self.address:
-            raise ValueError(f"dgds.address must be host:port, got {self.address!r}")
 
 
 class DGDSStartError(RuntimeError):
@@ -94,7 +76,7 @@ class DGDSService:
     def enabled(self) -> bool:
         return self.address is not None
 
-    def configure(self, spec: InstanceSpec) -> InstanceSpec:
+    def configure(self, spec: LaunchSpec) -> LaunchSpec:
         """`spec` with the grouped-draft proposer enabled (unchanged when DGDS is off)."""
         if not self.enabled:
             return spec

@@ -2,32 +2,28 @@
 another instance loads its prefix instead of re-prefilling it.
 
 Entry points: `KVPoolConfig` (the run config's `kvpool:` section), `KVPool.start(...)` (launch
-or join the pool; `configure(spec)` adds the connector flags to an InstanceSpec), and
+or join the pool; `configure(spec)` adds the connector flags to an instance's launch record), and
 `PoolCounters` / `usage_between` / `generate_measured` (prefix tokens from the pool vs
-recomputed, and bytes moved, from vLLM's own counters).
+recomputed, and bytes moved, from vLLM's own counters). Names that need Mooncake or HTTP load
+on first use, so `seer.kvpool.config` imports without them.
 """
 
-from seer.kvpool.accounting import MasterStats, PoolCounters, PoolUsage, kv_bytes_per_token, usage_between
-from seer.kvpool.config import KVPoolConfig
-from seer.kvpool.connector import BLOCK_TOKENS, InstancePoolSettings, cache_prefix, instance_settings
-from seer.kvpool.measure import MeasuredChunk, generate_measured
-from seer.kvpool.pool import KVPool
-from seer.kvpool.processes import PoolEndpoints, PoolStartError
+import importlib
 
-__all__ = [
-    "BLOCK_TOKENS",
-    "InstancePoolSettings",
-    "KVPool",
-    "KVPoolConfig",
-    "MasterStats",
-    "MeasuredChunk",
-    "PoolCounters",
-    "PoolEndpoints",
-    "PoolStartError",
-    "PoolUsage",
-    "cache_prefix",
-    "generate_measured",
-    "instance_settings",
-    "kv_bytes_per_token",
-    "usage_between",
-]
+_WHERE = {
+    "MasterStats": "accounting", "PoolCounters": "accounting", "PoolUsage": "accounting",
+    "kv_bytes_per_token": "accounting", "usage_between": "accounting",
+    "KVPoolConfig": "config",
+    "BLOCK_TOKENS": "connector", "InstancePoolSettings": "connector", "cache_prefix": "connector",
+    "instance_settings": "connector",
+    "MeasuredChunk": "measure", "generate_measured": "measure",
+    "KVPool": "pool",
+    "PoolEndpoints": "processes", "PoolStartError": "processes",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'seer.kvpool' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"seer.kvpool.{_WHERE[name]}"), name)

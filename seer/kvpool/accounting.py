@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from seer.rollout.telemetry import parse_prometheus
+from seer.procs.prometheus import parse_prometheus
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}

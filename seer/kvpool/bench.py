@@ -23,9 +23,10 @@ from seer.kvpool.accounting import kv_bytes_per_token
 from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.measure import generate_measured, reset_prefix_cache
 from seer.kvpool.pool import KVPool
-from seer.rollout.instance import InstanceSpec, free_port
-from seer.rollout.pool import InstancePool
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.fleet.instance import InstanceSpec
+from seer.procs import free_port
+from seer.fleet.pool import InstancePool
+from seer.types import GenerateRequest, SamplingParams
 
 
 async def _measure(pool: InstancePool, context: int, repeats: int, kvb: int, vocab: int) -> list[dict]:

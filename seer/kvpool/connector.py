@@ -23,7 +23,7 @@ from pathlib import Path
 
 from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.processes import PoolEndpoints
-from seer.rollout.instance import InstanceSpec
+from seer.types import LaunchSpec
 
 CONNECTOR = "MooncakeStoreConnector"
 BLOCK_TOKENS = 128  # the connector stores whole blocks of this many tokens (vLLM CPU block size)
@@ -31,14 +31,14 @@ BLOCK_TOKENS = 128  # the connector stores whole blocks of this many tokens (vLL
 
 @dataclass(frozen=True)
 class InstancePoolSettings:
-    """The pool part of one instance's launch: pass to InstanceSpec.extra_args / env."""
+    """The pool part of one instance's launch: pass to LaunchSpec.extra_args / env."""
 
     extra_args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     config_path: str = ""  # the Mooncake JSON it was written to
     kv_transfer_config: dict = field(default_factory=dict)
 
-    def apply(self, spec: InstanceSpec) -> InstanceSpec:
+    def apply(self, spec: LaunchSpec) -> LaunchSpec:
         """The spec with these flags and env added (the spec's own entries win on env clashes)."""
         return replace(spec, extra_args=(*spec.extra_args, *self.extra_args), env={**self.env, **spec.env})
 
@@ -66,7 +66,7 @@ def mooncake_json(cfg: KVPoolConfig, endpoints: PoolEndpoints) -> dict:
 def instance_settings(
     cfg: KVPoolConfig,
     endpoints: PoolEndpoints,
-    spec: InstanceSpec,
+    spec: LaunchSpec,
     config_dir: Path,
 ) -> InstancePoolSettings:
     """Write `config_dir/<instance>.mooncake.json` and return the flags and env for `spec`."""

@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 
 from seer.kvpool.accounting import PoolCounters, PoolUsage, usage_between
-from seer.rollout.client import InstanceClient
-from seer.rollout.types import GenerateRequest, GenerateResult
+from seer.fleet.client import InstanceClient
+from seer.types import GenerateRequest, GenerateResult
 
 # vLLM publishes a step's stats shortly after the step; a response can arrive first.
 SETTLE_S = 0.3

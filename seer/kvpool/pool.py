@@ -35,7 +35,7 @@ from seer.kvpool.processes import (
     start_master,
     start_store,
 )
-from seer.rollout.instance import InstanceSpec
+from seer.types import LaunchSpec
 
 
 class KVPool:
@@ -89,13 +89,13 @@ class KVPool:
     def enabled(self) -> bool:
         return self.endpoints is not None
 
-    def settings(self, spec: InstanceSpec) -> InstancePoolSettings:
+    def settings(self, spec: LaunchSpec) -> InstancePoolSettings:
         """Flags and env for one instance (writes its Mooncake JSON under work_dir)."""
         if self.endpoints is None:
             return InstancePoolSettings(extra_args=())
         return instance_settings(self.config, self.endpoints, spec, self.work_dir)
 
-    def configure(self, spec: InstanceSpec) -> InstanceSpec:
+    def configure(self, spec: LaunchSpec) -> LaunchSpec:
         """`spec` with the pool's connector flags and env added; unchanged when the pool is off."""
         return self.settings(spec).apply(spec)
 

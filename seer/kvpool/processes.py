@@ -1,7 +1,7 @@
 """The pool's own processes: `mooncake_master` and the standalone `mooncake_client` store.
 
 Both are native binaries shipped inside the `mooncake` wheel. They run under
-seer.rollout.guard, like vLLM servers, so a SIGKILL of the driver still takes them down: a
+seer.procs.guard, like vLLM servers, so a SIGKILL of the driver still takes them down: a
 leaked master keeps its ports and a leaked store keeps gigabytes of pinned memory.
 
 The store is a separate process on purpose: in Mooncake's default `embedded` mode the KV a
@@ -22,8 +22,8 @@ from pathlib import Path
 import mooncake
 
 from seer.kvpool.config import KVPoolConfig
-from seer.rollout.instance import free_port
-from seer.rollout.process import GuardedProcess
+from seer.procs import free_port
+from seer.procs import GuardedProcess
 
 
 class PoolStartError(RuntimeError):

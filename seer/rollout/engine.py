@@ -11,9 +11,9 @@ from collections import defaultdict
 from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
-from seer.rollout.backend import InstanceBackend
+from seer.types import InstanceBackend
 from seer.rollout.stats import instance_stats, iteration_stats
-from seer.rollout.types import IterationStats, PromptSpec, RolloutBatch, SamplingParams
+from seer.types import IterationStats, PromptSpec, RolloutBatch, SamplingParams
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.scheduler.driver import RolloutResult
 from seer.scheduler.events import Progress

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from seer.rollout.types import InstanceStats, IterationStats
+from seer.types import InstanceStats, IterationStats
 
 
 def tail_time(finish_times: Sequence[float], tail_fraction: float = 0.1) -> float:

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from seer.rollout.types import PromptSpec
+from seer.types import PromptSpec
 
 
 class RequestStatus(enum.Enum):

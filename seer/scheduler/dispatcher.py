@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from seer.rollout.backend import Telemetry
-from seer.rollout.types import GenerateRequest, GenerateResult, PromptSpec, Sample, SamplingParams
+from seer.types import Telemetry
+from seer.types import GenerateRequest, GenerateResult, PromptSpec, Sample, SamplingParams
 from seer.scheduler.buffer import Request, RequestBuffer, RequestStatus
 from seer.scheduler.chunks import chunk_request_id, chunk_seed
 from seer.scheduler.decisions import Decision, Dispatch

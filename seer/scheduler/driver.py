@@ -15,8 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from seer.rollout.backend import InstanceBackend, Telemetry
-from seer.rollout.types import PromptSpec, Sample, SamplingParams
+from seer.types import InstanceBackend, Telemetry
+from seer.types import PromptSpec, Sample, SamplingParams
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError

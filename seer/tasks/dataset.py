@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from seer.rollout.types import PromptSpec
+from seer.types import PromptSpec
 from seer.tasks.reward import RewardFn, resolve_reward_fn
 from seer.tasks.running_sum import RunningSumConfig, generate_problems
 

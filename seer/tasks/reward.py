@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from seer.rollout.types import Sample
+from seer.types import Sample
 
 RewardFn = Callable[[str, dict], float]  # fn(response_text, reference) -> reward
 OnError = Literal["zero", "abort"]

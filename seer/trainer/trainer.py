@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from seer.rollout.types import RolloutBatch
+from seer.types import RolloutBatch
 from seer.trainer import losses
 from seer.trainer.config import TrainerConfig
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches

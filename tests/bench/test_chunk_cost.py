@@ -9,7 +9,7 @@ from bench.sim.instance import SimInstance, SimSeq
 from bench.sim.simulate import SimSettings
 from bench.sim.speculation import AcceptanceTable
 from bench.sim.step_model import StepModel
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 from seer.scheduler.buffer import Request
 from seer.scheduler.dispatcher import ChunkTicket
 

@@ -24,7 +24,7 @@ that fell idle handed its core to the busy one (6.2 ms per step for the baseline
 instance with the other idle, against 12-18 ms with both busy), and the real run measured the
 chunked configurations at 0.58-0.82x of the baseline. The test then used a balanced workload
 decided by the per-chunk cost, which pinned instances on a quiet machine no longer separated.
-Instances are now pinned whole (seer.rollout.guard --cpus), as on a cluster.
+Instances are now pinned whole (seer.procs.guard --cpus), as on a cluster.
 """
 
 import asyncio
@@ -101,8 +101,8 @@ def test_the_simulator_separates_the_chunked_configurations_from_the_baseline_by
 @pytest.mark.vllm
 @pytest.mark.timeout(900)  # 352 s for three rounds at load average 34; five take ~2 minutes more
 def test_simulated_and_real_runs_agree_on_the_order(tiny_model, tmp_path):
-    from seer.rollout.instance import cpu_sets
-    from seer.rollout.pool import InstancePool
+    from seer.procs import cpu_sets
+    from seer.fleet.pool import InstancePool
 
     t0 = time.monotonic()
     s = CompareSettings(mode="trace", model=str(tiny_model), groups=WORKLOAD.groups, group_size=WORKLOAD.group_size,

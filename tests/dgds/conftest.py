@@ -14,7 +14,7 @@ PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
 
 @dataclass
 class DgdsVllm:
-    pool: object  # seer.rollout.pool.InstancePool with one instance
+    pool: object  # seer.fleet.pool.InstancePool with one instance
     dgds: object  # seer.dgds.server.DgdsServer
     prompts: list  # PromptSpec of the running-sum task
     log_path: Path
@@ -34,8 +34,9 @@ def dgds_vllm(tiny_model, tmp_path_factory) -> DgdsVllm:
     from transformers import AutoTokenizer
 
     from seer.dgds.server import DgdsServer
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
     from seer.tasks import TaskConfig, encode_prompts, load_task
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))

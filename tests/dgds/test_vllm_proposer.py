@@ -16,7 +16,7 @@ import pytest
 
 from seer.dgds.group_store import UnknownGroups
 from seer.dgds.vllm_metrics import SpecDecodeCounters, spec_decode_counters
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -22,15 +22,16 @@ POOL_BYTES = 16 * 2**20  # Mooncake's smallest segment: 256 blocks of 64 KiB
 @dataclass
 class PoolRig:
     kv: KVPool
-    instances: object  # seer.rollout.pool.InstancePool
+    instances: object  # seer.fleet.pool.InstancePool
     model: Path
     kv_bytes_per_token: int
 
 
 @pytest.fixture(scope="package")
 def rig(tiny_model, tmp_path_factory):
-    from seer.rollout.instance import InstanceSpec, cpu_sets, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import cpu_sets, free_port
+    from seer.fleet.pool import InstancePool
 
     work = tmp_path_factory.mktemp("kvpool")
     cfg = KVPoolConfig(capacity_bytes=POOL_BYTES, local_buffer_bytes=16 * 2**20, kv_lease_ttl_ms=1000)

@@ -16,7 +16,7 @@ import pytest
 
 from seer.kvpool import BLOCK_TOKENS, MeasuredChunk, generate_measured
 from seer.kvpool.measure import reset_prefix_cache
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -138,7 +138,7 @@ def test_alternating_chunks_equal_one_generation_and_load_prefix_from_pool(rig, 
 def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_model):
     from seer.kvpool.measure import counters
     from seer.kvpool.accounting import usage_between
-    from seer.rollout.types import PromptSpec
+    from seer.types import PromptSpec
     from seer.scheduler import RolloutDriver, SchedulerConfig
 
     # three requests on two instances, one chunk each at a time.

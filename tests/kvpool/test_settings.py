@@ -17,7 +17,7 @@ from seer.kvpool import (
     usage_between,
 )
 from seer.kvpool.accounting import MasterStats
-from seer.rollout.instance import InstanceSpec
+from seer.fleet.instance import InstanceSpec
 
 
 def test_config_rejects_what_cannot_work():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from seer.rollout.guard import parse_cpus
-from seer.rollout.instance import cpu_sets, gpu_sets
+from seer.procs.guard import parse_cpus
+from seer.procs import cpu_sets, gpu_sets
 
 
 def test_cores_and_gpus_are_split_evenly_and_disjointly():

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from seer.rollout.process import _children
-from seer.rollout.types import SamplingParams
+from seer.procs.process import _children
+from seer.types import SamplingParams
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.tasks import TaskConfig, encode_prompts, load_task
 
@@ -26,8 +26,9 @@ MAX_TOKENS = 96
 @pytest.fixture(scope="module")
 def three_instances(tiny_model, tmp_path_factory):
     """Its own instances: this test kills two of them, so it cannot share the session pool."""
-    from seer.rollout.instance import InstanceSpec, free_port
-    from seer.rollout.pool import InstancePool
+    from seer.fleet.instance import InstanceSpec
+    from seer.procs import free_port
+    from seer.fleet.pool import InstancePool
 
     cores = sorted(os.sched_getaffinity(0))
     specs = [

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from seer.rollout.types import GenerateRequest, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -91,15 +91,15 @@ def test_two_instances_serve_concurrently_and_telemetry_moves(vllm_pool, tiny_mo
 
 def test_killing_the_parent_leaves_no_vllm_process(tiny_model, tmp_path):
     """SIGKILL the process that launched an instance: its guard must take vLLM down."""
-    from seer.rollout.instance import free_port
+    from seer.procs import free_port
 
     port = free_port()
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from seer.rollout.instance import InstanceSpec
-        from seer.rollout.pool import InstancePool
+        from seer.fleet.instance import InstanceSpec
+        from seer.fleet.pool import InstancePool
         if __name__ == "__main__":
             spec = InstanceSpec(name="orphan-check", model={str(tiny_model)!r}, port={port}, cpus="0",
                                 kv_cache_bytes=32 * 2**20, max_num_seqs=8)
@@ -141,7 +141,7 @@ def _procs_with(marker: str) -> list[int]:
 
 
 def _descendants(pid: int) -> list[int]:
-    from seer.rollout.process import _children
+    from seer.procs.process import _children
 
     out, todo = [], [pid]
     while todo:
@@ -154,7 +154,7 @@ def _descendants(pid: int) -> list[int]:
 def test_every_thread_of_an_instance_stays_on_its_cores(vllm_pool):
     """Not only vLLM's OpenMP threads: the API server, the engine core and all their threads run on
     the instance's own cores, so an idle instance cannot lend its core to a busy one."""
-    from seer.rollout.guard import parse_cpus
+    from seer.procs.guard import parse_cpus
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one usable core: both instances share it")
@@ -175,6 +175,6 @@ def test_every_thread_of_an_instance_stays_on_its_cores(vllm_pool):
 
 
 def test_guard_rejects_a_bad_cpu_list():
-    r = subprocess.run([sys.executable, "-m", "seer.rollout.guard", str(os.getpid()), "--cpus", "zero", "--", "true"],
+    r = subprocess.run([sys.executable, "-m", "seer.procs.guard", str(os.getpid()), "--cpus", "zero", "--", "true"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bad CPU list 'zero'" in r.stderr

@@ -29,7 +29,7 @@ def _hf_greedy(path, prompt: list[int]) -> tuple[list[int], list[float]]:
 
 def test_repack_stale_cpu_gemms_only_touches_unrefreshed_layers():
     """Unit level (no vLLM): layers the reload re-packed are left alone, stale ones re-packed."""
-    from seer.rollout.weight_ext import _cpu_gemm_closures, _repack_stale_cpu_gemms
+    from seer.fleet.weight_ext import _cpu_gemm_closures, _repack_stale_cpu_gemms
 
     class Method:
         def process_weights_after_loading(self, layer):
@@ -77,8 +77,8 @@ def test_in_place_reload_matches_transformers_and_restores(vllm_pool, tiny_model
     """On the shared instances: new weights in place, exact generation, versions, stale refusal."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seer.rollout.types import GenerateRequest, SamplingParams
-    from seer.rollout.weights import StaleWeightsError, push_weights, require_version, weight_version
+    from seer.types import GenerateRequest, SamplingParams
+    from seer.fleet.weights import StaleWeightsError, push_weights, require_version, weight_version
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompt = tok("sum 12 7 30 =")["input_ids"]

@@ -6,8 +6,8 @@ import asyncio
 import hashlib
 import re
 
-from seer.rollout.backend import Telemetry
-from seer.rollout.types import GenerateRequest, GenerateResult, PromptSpec
+from seer.types import Telemetry
+from seer.types import GenerateRequest, GenerateResult, PromptSpec
 from seer.scheduler.buffer import Request, RequestStatus
 from seer.scheduler.placement import InstanceLoad
 

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from sched_helpers import fake_cluster, prompts, token_at
-from seer.rollout.types import SamplingParams
+from seer.types import SamplingParams
 from seer.scheduler import RolloutDriver, RolloutError, SchedulerConfig, true_lengths_from_samples
 from seer.scheduler.chunks import chunk_seed
 

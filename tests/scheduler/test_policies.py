@@ -246,7 +246,7 @@ def test_only_the_oracle_can_be_given_true_lengths():
 
 
 def test_true_lengths_from_a_previous_run():
-    from seer.rollout.types import PromptSpec, Sample
+    from seer.types import PromptSpec, Sample
     pr = PromptSpec(0, "", [1], {})
     s = Sample(3, 1, "g3-s1", pr, [1, 2, 3], [0.0] * 3, "stop", 0.0, 1.0, ["i0"])
     assert true_lengths_from_samples([s]) == {(3, 1): 3}

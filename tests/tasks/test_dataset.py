@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from seer.rollout.types import PromptSpec
+from seer.types import PromptSpec
 from seer.tasks import (
     DatasetError,
     PromptTooLongError,

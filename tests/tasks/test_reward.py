@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from seer.rollout.types import PromptSpec, Sample
+from seer.types import PromptSpec, Sample
 from seer.tasks import RewardAborted, RewardRunner, RewardSpecError, resolve_reward_fn
 
 MOD = "tests.tasks.rewards_for_tests"

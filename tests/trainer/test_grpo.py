@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from seer.rollout.types import IterationStats, PromptSpec, RolloutBatch, Sample
+from seer.types import IterationStats, PromptSpec, RolloutBatch, Sample
 from seer.trainer import SFTExample, Trainer, TrainerConfig
 
 PROMPT = [1, 2, 3, 4]

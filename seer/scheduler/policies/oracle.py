@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from seer.rollout.types import Sample
+from seer.types import Sample
 from seer.scheduler.buffer import Request
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig

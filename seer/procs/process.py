@@ -1,4 +1,4 @@
-"""A child process under seer.rollout.guard, logging to a file: never orphaned.
+"""A child process under seer.procs.guard, logging to a file: never orphaned.
 
 Every long-lived helper process Seer starts (vLLM servers, mooncake_master and its store, the
 DGDS server) goes through this one class, so all of them die with the driver, even on SIGKILL.
@@ -17,7 +17,7 @@ from pathlib import Path
 class GuardedProcess:
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
                  inherit_env: bool = True, cpus: str | None = None):
-        """`cpus`: pin the process and all its descendants to these cores (seer.rollout.guard --cpus)."""
+        """`cpus`: pin the process and all its descendants to these cores (seer.procs.guard --cpus)."""
         self.name = name
         self.cpus = cpus
         self.command = command
@@ -33,7 +33,7 @@ class GuardedProcess:
         env = dict(os.environ) if self.inherit_env else {}
         env.update(self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seer.rollout.guard", str(os.getpid()),
+            [sys.executable, "-m", "seer.procs.guard", str(os.getpid()),
              *(["--cpus", self.cpus] if self.cpus else []), "--", *self.command],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )

@@ -12,9 +12,9 @@ import time
 
 import aiohttp
 
-from seer.rollout.backend import Telemetry
-from seer.rollout.telemetry import telemetry_from_metrics
-from seer.rollout.types import GenerateRequest, GenerateResult
+from seer.types import Telemetry
+from seer.fleet.telemetry import telemetry_from_metrics
+from seer.types import GenerateRequest, GenerateResult
 
 
 KEEPALIVE_S = 2.0  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s)
@@ -29,7 +29,7 @@ class InstanceUnavailable(ConnectionError):
 
 
 class InstanceClient:
-    """One vLLM server reached over HTTP; implements seer.rollout.backend.InstanceBackend."""
+    """One vLLM server reached over HTTP; implements seer.types.InstanceBackend."""
 
     def __init__(self, name: str, base_url: str, model: str | None = None, request_timeout_s: float = 3600.0):
         self.name = name

@@ -1,6 +1,6 @@
 """vLLM worker extension: load new policy weights in place and report their version.
 
-Loaded inside each vLLM worker via `--worker-extension-cls seer.rollout.weight_ext.SeerWeightExtension`
+Loaded inside each vLLM worker via `--worker-extension-cls seer.fleet.weight_ext.SeerWeightExtension`
 and called through the server's `/collective_rpc` (dev mode). Strict on-policy RL needs two
 things from an instance: the new weights, and an answer to "which weights are you serving?".
 Keep this module light: it is imported in every worker process.

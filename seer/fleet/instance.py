@@ -8,13 +8,12 @@ own CPU cores (or GPUs), so an idle instance is idle hardware, as on a cluster.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seer.rollout import weights
-from seer.rollout.process import GuardedProcess
+from seer.fleet import weights
+from seer.procs import GuardedProcess, intel_openmp_library
 
 
 class InstanceStartError(RuntimeError):
@@ -36,7 +35,7 @@ class InstanceSpec:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    weight_sync: bool = True  # load new weights in place (seer.rollout.weights) and report versions
+    weight_sync: bool = True  # load new weights in place (seer.fleet.weights) and report versions
     # "priority" (vLLM's priority scheduling) lets a policy that ranks its chunks
     # (scheduler.engine_priority) choose which a full engine preempts; the loop sets it with that option.
     scheduling_policy: str = "fcfs"
@@ -82,51 +81,8 @@ class InstanceSpec:
         return env
 
 
-def intel_openmp_library() -> str | None:
-    """The venv's libiomp5.so: vLLM's CPU backend expects Intel OpenMP preloaded."""
-    for base in (Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib"):
-        p = base / "libiomp5.so"
-        if p.exists():
-            return str(p)
-    return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def cpu_sets(num_instances: int, cpus: list[int] | None = None) -> list[str]:
-    """Split the usable cores evenly into one contiguous set per instance."""
-    return _split(num_instances, sorted(cpus if cpus is not None else os.sched_getaffinity(0)), "CPU core")
-
-
-def gpu_sets(num_instances: int, gpus: list[int]) -> list[str]:
-    """Split the visible GPUs evenly into one CUDA_VISIBLE_DEVICES list per instance (TP within it)."""
-    return _split(num_instances, sorted(gpus), "GPU")
-
-
-def cuda_devices() -> list[int]:
-    """The GPUs this process sees; [] on a CPU-only machine (the CPU torch build has no CUDA)."""
-    import torch
-
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-
-
-def _split(num_instances: int, units: list[int], what: str) -> list[str]:
-    if num_instances < 1:
-        raise ValueError("instances.count must be >= 1")
-    if num_instances > len(units):
-        raise ValueError(
-            f"instances.count={num_instances} needs at least one {what} each, but only {len(units)} are usable"
-        )
-    per = len(units) // num_instances
-    return [",".join(str(c) for c in units[i * per:(i + 1) * per]) for i in range(num_instances)]
-
-
 class VLLMServer(GuardedProcess):
-    """One vLLM server under seer.rollout.guard, with its spec."""
+    """One vLLM server under seer.procs.guard, with its spec."""
 
     def __init__(self, spec: InstanceSpec, log_path: Path):
         # The whole server, not only its OpenMP threads, stays on the instance's cores (CPU backend).

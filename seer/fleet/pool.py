@@ -1,7 +1,7 @@
 """A pool of vLLM instances: launched here, or connected to by URL (a cluster deployment).
 
 Launched instances are always shut down: on normal exit, on error, on Ctrl-C (context manager
-plus atexit), and on a SIGKILL of this process (seer.rollout.guard).
+plus atexit), and on a SIGKILL of this process (seer.procs.guard).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from seer.rollout.backend import Telemetry
-from seer.rollout.client import InstanceClient
-from seer.rollout.instance import InstanceSpec, InstanceStartError, VLLMServer
+from seer.types import Telemetry
+from seer.fleet.client import InstanceClient
+from seer.fleet.instance import InstanceSpec, InstanceStartError, VLLMServer
 
 
 class InstancePool:

@@ -10,7 +10,7 @@ whole server it starts (API process, engine core, their threads), to those cores
 every thread stays on its own cores, so an idle instance is idle hardware, as on a cluster, and
 never lends its cores to a busy one.
 
-Usage: python -m seer.rollout.guard PARENT_PID [--cpus LIST] -- COMMAND...
+Usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from seer.rollout.pdeathsig import set_parent_death_signal
+from seer.procs.pdeathsig import set_parent_death_signal
 
 KILL_GRACE_S = 10.0
 
@@ -56,7 +56,7 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m seer.rollout.guard PARENT_PID [--cpus LIST] -- COMMAND..."
+    usage = "usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] -- COMMAND..."
     cpus = None
     if len(argv) >= 3 and argv[1] == "--cpus":
         try:

@@ -1,7 +1,7 @@
 """Weight synchronisation with running vLLM instances, without restarting them.
 
 After each training step the trainer writes the new weights as an HF safetensors directory;
-every instance loads it in place (seer.rollout.weight_ext via /collective_rpc), drops its
+every instance loads it in place (seer.fleet.weight_ext via /collective_rpc), drops its
 prefix cache (KV computed by the old policy must not be reused), and reports the version.
 On one machine a shared directory is the transfer; clusters would swap in NCCL broadcast.
 """
@@ -12,9 +12,9 @@ import asyncio
 
 import aiohttp
 
-from seer.rollout.client import InstanceClient, InstanceError
+from seer.fleet.client import InstanceClient, InstanceError
 
-WORKER_EXTENSION = "seer.rollout.weight_ext.SeerWeightExtension"
+WORKER_EXTENSION = "seer.fleet.weight_ext.SeerWeightExtension"
 # /collective_rpc and /reset_prefix_cache exist only in vLLM's dev mode
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 SERVER_ARGS = ("--worker-extension-cls", WORKER_EXTENSION)

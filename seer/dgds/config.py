@@ -1,0 +1,24 @@
+"""The run config's `dgds:` section (imports nothing heavy: `import seer.config` must stay light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class DGDSConfig:
+    enabled: bool = False
+    address: str | None = None  # host:port of a running `seer-dgds serve`; None launches one here
+    host: str = "127.0.0.1"
+    num_speculative_tokens: int = 8  # gamma_max
+    mode: Literal["group", "request"] = "group"  # request: per-request-only drafting (ablation)
+    adaptive: bool = True  # Algorithm 1 draft lengths; False: always gamma_max
+    max_depth: int = 64
+    ready_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"dgds.num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.address is not None and ":" not in self.address:
+            raise ValueError(f"dgds.address must be host:port, got {self.address!r}")
