@@ -10,7 +10,7 @@
    A drafted token is accepted when it equals the real next token; each step also emits the bonus
    token, so the acceptance length counts it, like the paper's Table 2.
 
-Writes bench/results/dgds_acceptance.{json,md,png}.
+Writes bench/results/dgds_acceptance/dgds_acceptance.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ngram-min", type=int, default=1)
     ap.add_argument("--ngram-max", type=int, default=4)
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="bench/results/dgds_acceptance")
     args = ap.parse_args(argv)
 
     from seer.model import resolve_model

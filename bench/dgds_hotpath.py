@@ -1,6 +1,6 @@
 """DGDS hot path: append throughput, fetch latency, batch_speculate latency for 256 requests.
 
-    python bench/dgds_hotpath.py [--groups 32] [--group-size 8] [--tokens 2000] [--out bench/results]
+    python bench/dgds_hotpath.py [--groups 32] [--group-size 8] [--tokens 2000] [--out bench/results/dgds_hotpath]
                                  [--arctic [DIR]] [--ab ROUNDS]
 
 Token streams are synthetic but shaped like a GRPO group's outputs: every response of a group
@@ -457,7 +457,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="tokens per request per update")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5, help="tree appends: best of this many builds")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_hotpath")
     ap.add_argument("--arctic", nargs="?", const="", default=None, metavar="DIR",
                     help="also run ArcticInference's suffix tree side by side (DIR: put on sys.path first)")
     ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",

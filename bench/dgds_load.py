@@ -7,7 +7,7 @@ spread over worker processes (threads within each), each one an "instance" that 
 requests: per round it appends a step's tokens to its requests (UpdateCst) and fetches its groups
 incrementally (FetchCst). Groups are short-lived with a TTL, so the server's memory must level off
 instead of growing with the run. Reports per-RPC p50/p99 latency, errors, and the server's RSS over
-time (table + PNG under bench/results/).
+time (table + PNG under bench/results/dgds_load/).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "dgds_load"
 
 
 def _rss_mib(pid: int) -> float:

@@ -10,7 +10,7 @@ vLLM returns the top-20 target logprobs of every position with its sampled token
 follows the target distribution, the fraction of tokens of rank r matches the mean reported
 probability of rank r (the z column: observed minus expected, in standard deviations). Padding ids
 are ids beyond the tokenizer (never-trained rows of the padded lm_head). See docs/dgds.md.
-Writes bench/results/dgds_sampling_check.{json,md}.
+Writes bench/results/dgds_sampling_check/dgds_sampling_check.{json,md}.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--modes", default="uncorrected,corrected,none")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_sampling_check")
     args = ap.parse_args()
 
     import tempfile

@@ -122,7 +122,7 @@ class Workload:
 # Memory left to vLLM on the paper's clusters (docs/bench.md, "Memory"). The paper publishes one
 # number that pins it: its Qwen2-VL-72B baseline preempts 13,686 times in one iteration.
 # `python -m bench.sim.calibrate` finds the KV capacity per instance at which the simulated baseline
-# does the same (bench/results/sim_calibration.md); it corresponds to vLLM being given this share of
+# does the same (bench/results/sim/sim_calibration.md); it corresponds to vLLM being given this share of
 # each GPU's memory (weights + KV; activations not counted), near veRL's default rollout setting
 # (gpu_memory_utilization 0.5).
 QWEN2VL72B_KV_CALIBRATED = 626_880  # tokens per TP8 instance

@@ -11,7 +11,7 @@ simulator is checked on, so those stay predictions.
 Nothing comparable is published for Moonlight or Kimi-K2; `bench/workloads.py` says what is
 assumed for them, and this reports the baseline preemptions those assumptions give (predictions),
 and the Qwen2-VL-72B baseline's idle share next to the paper's 37% (a check, not a target).
-Writes bench/results/sim_calibration.{json,md}; `bench/workloads.py` holds the value found.
+Writes bench/results/sim/sim_calibration.{json,md}; `bench/workloads.py` holds the value found.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def calibrate(settings: SimSettings, seeds: list[int], lo: float = 150_000, hi: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2,3")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="bench/results/sim")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     fit = load()

@@ -7,7 +7,7 @@ of the model's and the GPU's published sizes (`bench/sim/hardware.py`); `--step-
 uses the fit to vLLM step times measured on this machine (`bench/sim/step_times.json`) instead,
 whose proportions are a CPU's. The fit and its error are printed either way. Acceptance comes
 from the paper's Table 2.
-Writes bench/results/sim_ablation.{json,md} (sim_ablation_measured.* with the measured fit).
+Writes bench/results/sim/sim_ablation.{json,md} (sim_ablation_measured.* with the measured fit).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
             f"seeds {res['seeds']}",
             "",
             f"KV per instance {w['kv_capacity_tokens']:,} tokens{pools}; max_num_seqs {w['max_num_seqs']} per engine "
-            f"(bench/results/sim_calibration.md says where the memory comes from).",
+            f"(bench/results/sim/sim_calibration.md says where the memory comes from).",
             "",
             *([f"Step model: {res['step_model']}", ""] if roofline else []),
             "| configuration | sim throughput vs baseline (min-max) | paper Table 4 | tail s | longest 5% queued s | idle | running per instance | KV held | preemptions | migrated chunks | prefix loads from the pool | acceptance length |",
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="set a SchedulerConfig field for every configuration (e.g. early_packing=true); "
                          "needs --tag")
     ap.add_argument("--tag", default=None, help="write sim_ablation[_roofline]_TAG.* instead")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="bench/results/sim")
     args = ap.parse_args(argv)
     overrides = parse_overrides(args.set)
     scheduler = parse_scheduler(args.sched)

@@ -2,7 +2,7 @@
 
 Acceptance is not invented: it comes from a measured table of mean acceptance length vs the
 number of group references n (the paper's Table 2 for paper-scale scenarios, or
-`bench/results/dgds_acceptance.json` measured here). A request's n is how many siblings have
+`bench/results/dgds_acceptance/dgds_acceptance.json` measured here). A request's n is how many siblings have
 already generated past its position, i.e. how many references its group's suffix tree holds for
 the tokens it is about to draft. Draft lengths per step come from the project's own Algorithm 1
 (`seer.dgds.draft_length.plan_draft_lengths`) over the simulator's step-time model, so
@@ -26,7 +26,7 @@ from bench.sim.step_model import StepModel
 
 # Paper Table 2 (Qwen2-VL-72B), linear drafting: references n -> mean acceptance length.
 PAPER_TABLE2_LINEAR: dict[int, float] = {0: 1.70, 1: 2.04, 5: 2.32, 15: 2.53}
-DRAFT_US_PER_TOKEN = 3.45e-6  # DGDS speculate cost per drafted token (bench/results/dgds_hotpath.md)
+DRAFT_US_PER_TOKEN = 3.45e-6  # DGDS speculate cost per drafted token (bench/results/dgds_hotpath/dgds_hotpath.md)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -530,14 +530,14 @@ def test_weights_per_gpu_under_dp_attention():
 
 
 def test_workload_kv_capacities_follow_the_calibration_and_the_stated_assumptions():
-    """Qwen2-VL-72B's KV is the calibrated value (bench/results/sim_calibration.json); Moonlight's
+    """Qwen2-VL-72B's KV is the calibrated value (bench/results/sim/sim_calibration.json); Moonlight's
     is what the same share of GPU memory leaves; Kimi-K2's what vLLM's default 0.9 leaves on each
     of its 32 DP ranks (the calibrated share cannot hold its weights)."""
     import json
     from pathlib import Path
     from bench.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
     from bench.workloads import KIMI_K2_MEMORY_FRACTION, QWEN2VL72B_KV_CALIBRATED, ROLLOUT_MEMORY_FRACTION
-    cal = json.loads((Path(__file__).resolve().parents[2] / "bench/results/sim_calibration.json").read_text())
+    cal = json.loads((Path(__file__).resolve().parents[2] / "bench/results/sim/sim_calibration.json").read_text())
     assert cal["target"]["baseline_preemptions_per_iteration"] == 13_686
     assert QWEN2VL72B_KV_CALIBRATED == cal["kv_capacity_tokens"] == PAPER_WORKLOADS["qwen2vl72b"].kv_capacity_tokens
     assert abs(cal["baseline_mean_preemptions"] - 13_686) / 13_686 < 0.05

@@ -7,7 +7,7 @@ import pytest
 
 from bench.sim.replay_compare import ratios
 
-RECORDED = ["bench/results/compare/compare.json", "bench/results/compare_run_iteration/compare.json"]
+RECORDED = ["bench/results/compare/compare.json", "bench/results/compare/run_iteration/compare.json"]
 
 
 @pytest.mark.parametrize("path", RECORDED)
