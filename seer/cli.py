@@ -18,7 +18,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, help="number of iterations (overrides the config)")
     p.add_argument("--train", choices=["on", "off"], help="off: rollout and reward only")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the run dir")
-    p.add_argument("--run-dir", help="where metrics, logs and checkpoints go (overrides run_dir)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --run-dir")
+    p.add_argument("--run-dir", help="where metrics, logs and checkpoints go (overrides run_dir; "
+                                     "default: a new runs/<date>-<time>, runs/latest points at the newest)")
     return p.parse_args(argv)
 
 
@@ -48,15 +50,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM behaves like Ctrl-C: unwind, so the instance pool shuts down.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    from seer.loop import SyncLoop
-    from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
+    from seer import loop
+    from seer.fleet import FleetError
     from seer.model import CheckpointError
+    from seer.plugins import PluginError
+    from seer.rundir import RunDirError
+    from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
 
     try:
-        SyncLoop(cfg, console).run(resume=args.resume)
-    except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError) as e:
+        loop.run(cfg, console, resume=args.resume, overwrite=args.overwrite)
+    except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError, RunDirError, PluginError) as e:
         console.print(f"[red]seer-run: {e}[/]")
         return 2
+    except FleetError as e:
+        console.print(f"[red]seer-run: {e}[/]")
+        return 1
     except KeyboardInterrupt:
         console.print("[yellow]seer-run: interrupted; instances stopped[/]")
         return 130

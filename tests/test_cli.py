@@ -84,3 +84,27 @@ def test_rollout_only_iteration_writes_metrics(vllm_pool, tmp_path):
     assert all(len(v) == 1 for v in by_group.values())
     assert (run_dir / "iterations.png").stat().st_size > 1000
     assert "iteration 0" in r.stdout or "Seer iterations" in r.stdout
+
+
+def test_a_run_directory_holding_a_run_is_refused_and_left_untouched(tmp_path):
+    """Without --resume or --overwrite a new run never writes into an old run's directory."""
+    from seer.rundir import RunDir
+
+    d = tmp_path / "run"
+    RunDir(d).commit_checkpoint(4, 5, keep=2)
+    (d / "metrics.jsonl").write_text('{"iteration": 4}\n')
+    before = sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    r = run_cli("--sync", "--run-dir", str(d), "--set", "model.preset=tiny", timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "already holds a run" in r.stdout and "--overwrite" in r.stdout
+    assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before
+    r = run_cli("--sync", "--resume", "--overwrite", "--run-dir", str(d), timeout=120)
+    assert r.returncode == 2 and "exclude each other" in r.stdout
+
+
+def test_a_rollout_function_that_does_not_resolve_is_rejected_naming_the_key(tmp_path):
+    r = run_cli("--sync", "--set", "rollout.function=seer.no_such_module:rollout",
+                "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "rollout.function" in r.stdout
+    assert not (tmp_path / "run").exists()

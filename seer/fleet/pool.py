@@ -41,12 +41,23 @@ class InstancePool:
         on_ready: Callable[[str, float], None] | None = None,
     ) -> "InstancePool":
         """Start every server at once and wait until all answer /health, or raise with logs."""
+        return asyncio.run(cls.alaunch(specs, log_dir, ready_timeout_s, on_ready))
+
+    @classmethod
+    async def alaunch(
+        cls,
+        specs: list[InstanceSpec],
+        log_dir: Path,
+        ready_timeout_s: float = 600.0,
+        on_ready: Callable[[str, float], None] | None = None,
+    ) -> "InstancePool":
+        """`launch` inside a running event loop (the run's)."""
         servers = [VLLMServer(s, Path(log_dir) / f"{s.name}.log") for s in specs]
         pool = cls([InstanceClient(s.name, s.url, "seer-policy") for s in specs], servers)
         try:
             for srv in servers:
                 srv.start()
-            asyncio.run(pool._wait_ready(ready_timeout_s, on_ready))
+            await pool._wait_ready(ready_timeout_s, on_ready)
         except BaseException:
             pool.close()
             raise

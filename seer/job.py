@@ -1,0 +1,151 @@
+"""What a run needs before its first rollout, and the run-wide pieces the loop strings together.
+
+Everything that can fail on bad input (the run directory, the model, the dataset, prompts that do
+not fit, the reward and rollout functions) fails in `Job.prepare`, before any process starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from seer.config import RunConfig
+from seer.fleet import Fleet, LaunchSettings
+from seer.metrics_log import MetricsLog
+from seer.plugins import resolve
+from seer.rollout.divided import RolloutFunction
+from seer.rundir import RunDir, atomic_write_text, resolve_run_dir
+from seer.scheduler import SchedulerConfig
+from seer.tasks import RewardRunner, Task, encode_prompts, load_task, max_context_of
+from seer.types import PromptSpec, RolloutBatch, SamplingParams, WeightsRef
+
+
+@dataclass
+class Job:
+    cfg: RunConfig
+    console: Console
+    run: RunDir
+    metrics: MetricsLog
+    model_dir: Path
+    tokenizer: object
+    task: Task
+    prompts: list[PromptSpec]
+    max_model_len: int
+    rollout_fn: RolloutFunction
+
+    @classmethod
+    def prepare(cls, cfg: RunConfig, console: Console, *, resume: bool = False, overwrite: bool = False) -> Job:
+        from transformers import AutoTokenizer
+
+        from seer.model import resolve_model
+
+        rollout_fn = resolve(cfg.rollout.function, key="rollout.function")
+        run = RunDir(resolve_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite))
+        with console.status("Preparing the model (first use builds and warm-starts the embedded default)"):
+            model_dir = resolve_model(cfg.model.path or cfg.model.preset, progress=False)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
+        task = load_task(cfg.task)
+        prompts = encode_prompts(task.records, tokenizer, max_model_len, min_new_tokens=cfg.rollout.max_tokens)
+        atomic_write_text(run.path / "config.yaml", yaml.safe_dump({**cfg.to_dict(), "run_dir": str(run.path)},
+                                                                   sort_keys=False))
+        console.print(f"model [bold]{model_dir}[/]  task [bold]{task.name}[/] ({len(prompts)} prompts)  "
+                      f"run dir [bold]{run.path}[/]")
+        return cls(cfg, console, run, MetricsLog(run.path), Path(model_dir), tokenizer, task, prompts,
+                   max_model_len, rollout_fn)
+
+    # ---- where to start -------------------------------------------------------------------
+    def resume_point(self, resume: bool):
+        """(first iteration, weight version, trainer or None) after the last committed checkpoint."""
+        ckpt = self.run.latest_checkpoint() if resume else None
+        if resume and ckpt is None:
+            self.console.print(f"[yellow]--resume: no checkpoint under {self.run.path}; starting from iteration 0[/]")
+        if ckpt is not None:
+            self.metrics.truncate_after(ckpt.iteration)
+        elif self.metrics.path.exists():
+            self.metrics.path.unlink()
+        trainer, version = None, ckpt.weight_version if ckpt else 0
+        if self.cfg.train.enabled:
+            with self.console.status("Loading the policy into the Megatron trainer"):
+                from seer.trainer import Trainer
+
+                pad = self.tokenizer.pad_token_id or 0
+                trainer = Trainer(self.model_dir, replace(self.cfg.trainer, pad_token_id=pad))
+                if ckpt is not None:
+                    trainer.load_checkpoint(ckpt.path)
+                    version = trainer.iteration
+        if ckpt is not None:
+            self.console.print(f"resuming after iteration {ckpt.iteration} from {ckpt.path} (weight version {version})")
+        return (ckpt.iteration + 1 if ckpt else 0), version, trainer
+
+    # ---- run-wide pieces -------------------------------------------------------------------
+    async def start_fleet(self) -> Fleet:
+        cfg = self.cfg
+        notify = lambda msg: self.console.print(f"[yellow]{msg}[/]" if "dropped" in msg or "exited" in msg else msg)  # noqa: E731
+        if cfg.instances.urls:
+            return Fleet.attach(list(cfg.instances.urls), notify)
+        n = cfg.instances.count
+        with self.console.status(f"Starting {n} vLLM instances (logs in {self.run.path / 'logs'})"):
+            fleet = await Fleet.launch(
+                cfg.instances, cfg.kvpool, cfg.dgds,
+                LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
+                               "priority" if cfg.scheduler.engine_priority else "fcfs"),
+                self.run.path, notify)
+        self.console.print(f"{n} instances ready")
+        return fleet
+
+    def scheduler_config(self, fleet: Fleet) -> SchedulerConfig:
+        # Without a KV pool a chunk that changes instance recomputes its prefix, so placement keeps
+        # chunks with their prefix; attached instances are assumed to bring their own pool.
+        s = self.cfg.scheduler
+        return replace(s, kv_pool=s.kv_pool and (fleet.kv_pool_on or not fleet.launched))
+
+    def sampling(self) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
+                              seed=r.sampling_seed)
+
+    def reward_runner(self) -> RewardRunner:
+        r = self.cfg.rollout
+        return RewardRunner(self.task.reward_spec, max_workers=r.reward_workers, on_error=r.reward_error_policy,
+                            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def export_weights(self, trainer, version: int) -> WeightsRef:
+        """The trainer's weights as an HF directory in the run; older exports are removed."""
+        out = trainer.export_hf(self.run.weights_dir(version))
+        self.run.prune_weights(version)
+        return WeightsRef(version, str(out))
+
+    def base_weights(self) -> WeightsRef:
+        return WeightsRef(0, str(self.model_dir))
+
+    def write_rollouts(self, batch: RolloutBatch, iteration: int) -> None:
+        """Per-sample lengths and rewards (what benchmarks and the oracle read back), no token ids."""
+        atomic_write_text(self.run.rollout_file(iteration), "".join(json.dumps({
+            "group_id": s.group_id, "sample_index": s.sample_index, "prompt_index": s.prompt.index,
+            "request_id": s.request_id, "num_tokens": s.num_tokens, "finish_reason": s.finish_reason,
+            "reward": s.reward, "reward_error": s.reward_error, "weight_version": s.weight_version,
+            "instances": s.instances, "start_time": s.start_time, "finish_time": s.finish_time,
+            "turns": s.turns,
+        }) + "\n" for s in batch.samples))
+
+    @contextlib.contextmanager
+    def progress(self, iteration: int, total: int):
+        """A progress bar for one rollout; yields the callback the scheduler calls."""
+        with Progress(TextColumn(f"rollout {iteration}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+                      transient=True) as bar:
+            task = bar.add_task("rollout", total=total, info="")
+
+            def on_progress(p):
+                rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
+                bar.update(task, completed=p.finished,
+                           info=f"{p.output_tokens} tok, {rate:.0f} tok/s, {p.running_chunks} running")
+
+            yield on_progress

@@ -1,0 +1,74 @@
+"""The fleet on real processes: launch with a KV pool, weight push and version check, a lost KV
+master restarted, a dead instance dropped (and the last one never)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from seer.dgds.server.config import DGDSConfig
+from seer.fleet import Fleet, FleetError, LaunchSettings
+from seer.fleet.config import InstancesConfig
+from seer.fleet.weights import StaleWeightsError
+from seer.kvpool.config import KVPoolConfig
+from seer.procs.process import _children
+from seer.types import WeightsRef
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
+    notes: list[str] = []
+    cores = len(os.sched_getaffinity(0))
+
+    async def go():
+        fleet = await Fleet.launch(
+            InstancesConfig(count=min(2, cores), kv_cache_bytes=32 * 2**20, max_num_seqs=16),
+            KVPoolConfig(capacity_bytes=16 * 2**20, local_buffer_bytes=16 * 2**20),
+            DGDSConfig(enabled=False),
+            LaunchSettings(str(tiny_model), max_model_len=1024),
+            tmp_path, notes.append)
+        async with fleet:
+            assert fleet.launched and fleet.kv_pool_on and len(fleet.backends) == min(2, cores)
+            assert await fleet.versions() == {n: 0 for n in fleet.names}
+            await fleet.prepare_rollout(0)  # every instance serves version 0: the rollout may start
+
+            # a new version (the same weights, a new number) lands on every instance
+            took = await fleet.load_weights(WeightsRef(1, str(tiny_model)))
+            assert took > 0 and await fleet.versions() == {n: 1 for n in fleet.names}
+            with pytest.raises(StaleWeightsError, match="refusing to start rollout for weight version 2"):
+                await fleet.prepare_rollout(2)
+            assert await fleet.ensure_version(WeightsRef(1, str(tiny_model))) is None  # already served
+
+            # the KV master launched here dies: the fleet restarts it before the next rollout
+            fleet.kv.master.kill()
+            t0 = time.monotonic()
+            while fleet.kv.master.alive() and time.monotonic() - t0 < 10:
+                await asyncio.sleep(0.05)
+            revived = await fleet.revive_services("in the test")
+            assert revived is not None and revived < 30, revived
+            assert any("Mooncake master had exited" in n for n in notes)
+
+            if len(fleet.backends) < 2:
+                return
+            # an instance dies between rollouts: dropped by the health probe, the push goes on
+            victim = fleet.names[0]
+            for pid in _children(fleet.pool.server(victim).proc.pid):
+                os.killpg(pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            await fleet.load_weights(WeightsRef(2, str(tiny_model)))
+            assert fleet.names == [n for n in fleet.names if n != victim] and len(fleet.names) == 1
+            assert await fleet.versions() == {fleet.names[0]: 2}
+            assert [d.instance for d in fleet.dropped] == [victim]
+            assert time.monotonic() - t0 < 60
+            assert any(victim in n and "dropped" in n for n in notes)
+            with pytest.raises(FleetError, match="every instance"):
+                fleet.drop(fleet.names[0], "test", "in the test")  # the last instance is never dropped
+            assert len(fleet.backends) == 1
+        assert not any(s.alive() for s in fleet.pool.servers)  # closed: nothing left running
+
+    asyncio.run(go())
