@@ -20,6 +20,7 @@ import yaml
 from seer.dgds.config import DGDSConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
+from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import TaskConfig
 from seer.trainer.config import TrainerConfig
 
@@ -285,12 +286,14 @@ def validate(cfg: RunConfig) -> None:
         _require(i.kv_cache_bytes > 0, "instances.kv_cache_bytes", f"must be > 0, got {i.kv_cache_bytes}")
     _require(i.max_num_seqs >= 1, "instances.max_num_seqs", f"must be >= 1, got {i.max_num_seqs}")
     s = cfg.scheduler
-    _require(s.policy in ("group_rr", "divided", "context", "oracle_lfs"), "scheduler.policy",
-             f"{s.policy!r} is not one of group_rr, divided, context, oracle_lfs")
+    try:
+        policy = s.check_policy()  # a built-in or a Policy subclass by path, taking policy_args
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
     _require(s.chunk_size > 0, "scheduler.chunk_size", f"must be > 0, got {s.chunk_size}")
     _require(0 < s.kv_budget_fraction <= 1, "scheduler.kv_budget_fraction", f"must be in (0, 1], got {s.kv_budget_fraction}")
-    _require(s.policy != "oracle_lfs", "scheduler.policy",
-             "oracle_lfs needs true lengths from a previous run and is for benchmarks only (seer-bench)")
+    _require(not policy.reads_true_lengths, "scheduler.policy",
+             f"{s.policy} needs true lengths from a previous run and is for benchmarks only (seer-bench)")
     _require(cfg.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {cfg.train.checkpoint_every}")
     t = cfg.task
     if t.dataset is not None:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from seer.scheduler.placement import PlacementConfig
-from seer.scheduler.policies import LengthKey, Policy, make_policy
+from seer.scheduler.policies import LengthKey, Policy, PolicyError, check_policy, make_policy, policy_class
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "context"  # group_rr | divided | context | oracle_lfs
+    # A built-in's name (group_rr | divided | context | oracle_lfs: seer.scheduler.policies.BUILTIN)
+    # or a `package.module:Class` path to a Policy subclass (policies/base.py says what it implements).
+    policy: str = "context"
+    # Keyword arguments for the policy's constructor beyond the `scheduler.*` keys it reads
+    # (its `config_keys`, such as context's starvation_after); checked against its signature at load.
+    policy_args: dict[str, Any] = field(default_factory=dict)
     chunk_size: int = 8192  # tokens per chunk (ignored by group_rr, which never chunks)
     kv_budget_fraction: float = 0.95
     block_size: int = 16
@@ -45,18 +51,26 @@ class SchedulerConfig:
             kv_pool=self.kv_pool,
         )
 
+    def check_policy(self) -> type[Policy]:
+        """The policy's class, once `policy` and `policy_args` are known to build it (config-load
+        time: nothing is constructed); PolicyError naming the key otherwise."""
+        cls = check_policy(self.policy, self.policy_args)
+        unknown = [k for k in cls.config_keys if k not in self.__dataclass_fields__]
+        if unknown:
+            raise PolicyError(f"scheduler.policy {self.policy!r}: {cls.__qualname__}.config_keys names "
+                              f"{', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not scheduler.* keys")
+        return cls
+
     def build_policy(self, true_lengths: Mapping[LengthKey, int] | None = None) -> Policy:
-        params = {}
-        if self.policy == "context":
-            params = {"starvation_after": self.starvation_after, "starvation_every": self.starvation_every,
-                      "early_packing": self.early_packing, "continuations_first": self.continuations_first,
-                      "engine_priority": self.engine_priority}
-        elif self.policy == "divided":
-            params = {"continuations_first": self.continuations_first}
+        """A fresh policy for one iteration: chunk_size, placement, the `scheduler.*` keys the
+        policy's class lists in `config_keys`, and `policy_args`."""
+        cls = policy_class(self.policy)
+        settings = {k: getattr(self, k) for k in cls.config_keys}
         return make_policy(
             self.policy,
             chunk_size=self.chunk_size,
             placement=self.placement,
             true_lengths=true_lengths,
-            **params,
+            **settings,
+            **self.policy_args,
         )

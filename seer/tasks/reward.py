@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import math
 import multiprocessing
 import time
@@ -18,13 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from seer.plugins import PluginError, resolve
 from seer.types import Sample
 
 RewardFn = Callable[[str, dict], float]  # fn(response_text, reference) -> reward
 OnError = Literal["zero", "abort"]
 
 
-class RewardSpecError(ValueError):
+class RewardSpecError(PluginError):
     """A `module:function` reward spec that does not name a callable."""
 
 
@@ -37,23 +37,8 @@ class RewardAborted(RuntimeError):
 
 
 def resolve_reward_fn(spec: str) -> RewardFn:
-    """Import `module:function`; every failure says which part of the spec is wrong."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise RewardSpecError(f"reward spec {spec!r} must look like 'package.module:function'")
-    module_name, attr = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RewardSpecError(f"reward spec {spec!r}: cannot import module {module_name!r} ({e})") from None
-    fn = module
-    for part in attr.split("."):
-        try:
-            fn = getattr(fn, part)
-        except AttributeError:
-            raise RewardSpecError(f"reward spec {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(fn):
-        raise RewardSpecError(f"reward spec {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
-    return fn
+    """Import `module:function` (`task.reward`); every failure says which part of the spec is wrong."""
+    return resolve(spec, key="task.reward", error=RewardSpecError)
 
 
 def call_reward(fn: RewardFn, response_text: str, reference: dict) -> float:

@@ -47,6 +47,7 @@ from seer.scheduler.policies.index import PriorityIndex
 
 class ContextAware(Policy):
     name = "context"
+    config_keys = ("starvation_after", "starvation_every", "early_packing", "continuations_first", "engine_priority")
 
     def __init__(
         self,

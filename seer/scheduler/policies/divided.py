@@ -28,6 +28,7 @@ from seer.scheduler.policies.index import PriorityIndex
 
 class DividedFifo(Policy):
     name = "divided"
+    config_keys = ("continuations_first",)
 
     def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
                  continuations_first: bool = False) -> None:

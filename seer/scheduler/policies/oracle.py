@@ -25,6 +25,7 @@ def true_lengths_from_samples(samples: Iterable[Sample]) -> dict[LengthKey, int]
 
 class OracleLongestFirst(Policy):
     name = "oracle_lfs"
+    reads_true_lengths = True
 
     def __init__(
         self,

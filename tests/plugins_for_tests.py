@@ -1,0 +1,77 @@
+"""Plug-ins that tests (and tests/test_plugins_e2e.py's seer-run) name by `module:object` path."""
+
+from __future__ import annotations
+
+from seer.scheduler.decisions import Wait
+from seer.scheduler.policies.base import Policy
+from seer.scheduler.policies.index import PriorityIndex
+
+
+class NewestFirst(Policy):
+    """Last come, first served: the opposite of divided's order, so a test can tell it ran."""
+
+    name = "newest_first"
+
+    def __init__(self, chunk_size=8192, placement=None, *, reason: str = "newest"):
+        super().__init__(chunk_size, placement)
+        self.reason = reason
+        self._ready = PriorityIndex()
+        self._n = 0
+        self.dispatched = 0
+
+    def on_ready(self, req):
+        self._n += 1
+        self._ready.add(req, (-self._n,))
+
+    def on_dispatched(self, decision):
+        self._ready.discard(decision.request)
+        self.dispatched += 1
+
+    def pick(self, loads):
+        req = self._ready.peek()
+        return Wait("idle") if req is None else self.place(req, loads, self.reason)
+
+    def summary(self):
+        return {"dispatched": self.dispatched, "reason": self.reason}
+
+
+class Unnamed(NewestFirst):
+    """No `name` of its own: recorded under its class name."""
+
+
+class NoKeywords(Policy):
+    """A policy whose constructor does not take chunk_size and placement (a config error)."""
+
+    def __init__(self):
+        super().__init__()
+
+    def on_ready(self, req): ...
+    def on_dispatched(self, decision): ...
+    def pick(self, loads): return Wait("idle")
+
+
+NOT_A_POLICY = 3
+
+
+def sums(n: int = 3, offset: int = 0) -> list[dict]:
+    """A loader: `n` 'add these' prompts with their answers, as a JSONL file's lines would hold them."""
+    return [{"prompt": f"loader prompt {i}: {i + offset} + 1 =", "answer": i + offset + 1} for i in range(n)]
+
+
+def chats(n: int = 2) -> list[dict]:
+    """A loader of chat records: `messages` instead of `prompt`."""
+    return [{"messages": [{"role": "system", "content": "Add."}, {"role": "user", "content": f"{i} + 1"}],
+             "answer": i + 1} for i in range(n)]
+
+
+def broken() -> list[dict]:
+    """Record 1 lacks its prompt."""
+    return [{"prompt": "fine", "answer": 1}, {"question": "where is the prompt?"}]
+
+
+def not_a_list() -> int:
+    return 7
+
+
+def reward_by_length(response_text: str, reference: dict) -> float:
+    return min(1.0, len(response_text) / 100)
