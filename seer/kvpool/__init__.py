@@ -3,8 +3,8 @@ another instance loads its prefix instead of re-prefilling it.
 
 Entry points: `KVPoolConfig` (the run config's `kvpool:` section), `KVPool.start(...)` (launch
 or join the pool; `configure(spec)` adds the connector flags to an instance's launch record), and
-`PoolCounters` / `usage_between` / `generate_measured` (prefix tokens from the pool vs
-recomputed, and bytes moved, from vLLM's own counters). Names that need Mooncake or HTTP load
+`PoolCounters` / `usage_between` (prefix tokens from the pool vs recomputed, and bytes moved,
+from vLLM's own counters; seer.fleet.measure brackets one chunk with them). Names that need Mooncake or HTTP load
 on first use, so `seer.kvpool.config` imports without them.
 """
 
@@ -16,7 +16,6 @@ _WHERE = {
     "KVPoolConfig": "config",
     "BLOCK_TOKENS": "connector", "InstancePoolSettings": "connector", "cache_prefix": "connector",
     "instance_settings": "connector",
-    "MeasuredChunk": "measure", "generate_measured": "measure",
     "KVPool": "pool",
     "PoolEndpoints": "processes", "PoolStartError": "processes",
 }

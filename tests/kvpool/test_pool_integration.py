@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from seer.kvpool import BLOCK_TOKENS, MeasuredChunk, generate_measured
-from seer.kvpool.measure import reset_prefix_cache
+from seer.fleet.measure import MeasuredChunk, generate_measured
+from seer.kvpool import BLOCK_TOKENS
 from seer.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.vllm
@@ -29,7 +29,7 @@ async def reset_until_done(client, timeout_s: float = 60.0) -> bool:
     """vLLM refuses to reset while blocks are still in use (a save to the pool may still be
     running, slowly when the master is gone): retry until it succeeds or the time is up."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await reset_prefix_cache(client):
+    while not await client.reset_prefix_cache():
         if asyncio.get_running_loop().time() > deadline:
             return False
         await asyncio.sleep(0.5)
@@ -136,7 +136,7 @@ def test_alternating_chunks_equal_one_generation_and_load_prefix_from_pool(rig, 
 
 
 def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_model):
-    from seer.kvpool.measure import counters
+    from seer.fleet.measure import counters
     from seer.kvpool.accounting import usage_between
     from seer.types import PromptSpec
     from seer.scheduler import RolloutDriver, SchedulerConfig
@@ -200,7 +200,7 @@ def test_a_full_pool_degrades_to_recompute(rig):
             first.append(r.token_ids)
         await asyncio.sleep(1.0)
         # the oldest prompt on the other instance: whatever the pool dropped is recomputed
-        assert await reset_prefix_cache(b)
+        assert await b.reset_prefix_cache()
         again = await generate_measured(b, GenerateRequest("fill-again", long_prompts[0], 4, GREEDY),
                                         rig.kv_bytes_per_token)
         for c in rig.instances.clients:

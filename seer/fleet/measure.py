@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from seer.kvpool.accounting import PoolCounters, PoolUsage, usage_between
 from seer.fleet.client import InstanceClient
+from seer.kvpool.accounting import PoolCounters, PoolUsage, usage_between
 from seer.types import GenerateRequest, GenerateResult
 
 # vLLM publishes a step's stats shortly after the step; a response can arrive first.
@@ -48,12 +48,3 @@ async def generate_measured(
         await asyncio.sleep(0.1)
         after = await counters(client)
     return MeasuredChunk(result, usage_between(before, after, kv_bytes_per_token))
-
-
-async def reset_prefix_cache(client: InstanceClient, *, external: bool = False) -> bool:
-    """Drop an instance's local prefix cache; with `external`, also clear the whole pool.
-
-    After a weight update every stored KV is stale (keys carry no weight version), so the run
-    loop clears the pool through any one instance with external=True.
-    """
-    return await client.reset_prefix_cache(external=external)
