@@ -53,3 +53,22 @@ def _warm_up(pool) -> None:
                 await c.close()
 
     asyncio.run(go())
+
+
+@pytest.fixture
+def restore_base_weights(vllm_pool, tiny_model):
+    """A test that trains on the shared instances leaves them as it found them: base weights,
+    version 0, empty prefix caches."""
+    yield
+    import asyncio
+
+    from seer.fleet.weights import push_weights
+
+    async def go():
+        try:
+            await push_weights(vllm_pool.clients, str(tiny_model), 0)
+        finally:
+            for c in vllm_pool.clients:
+                await c.close()
+
+    asyncio.run(go())

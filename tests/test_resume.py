@@ -23,8 +23,9 @@ PROMPTS = 16
 GROUPS = 4
 
 
-def _cmd(run_dir) -> list[str]:
+def _cmd(run_dir, urls) -> list[str]:
     sets = {
+        "instances.urls": "[" + ",".join(urls) + "]",
         "model.preset": "tiny", "task.num_prompts": PROMPTS, "rollout.groups_per_iteration": GROUPS,
         "rollout.group_size": 4, "rollout.max_tokens": 128, "kvpool.enabled": "false",
         "train.checkpoint_every": 1, "train.keep_checkpoints": 5, "trainer.lr": 1e-4, "trainer.mini_batches": 1,
@@ -39,12 +40,16 @@ def _checkpoints(run_dir) -> list[int]:
     return sorted(int(p.parent.name.split("_")[1]) for p in run_dir.glob("checkpoints/iter_*/loop_state.json"))
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(tiny_model, tmp_path):
+def test_killed_run_resumes_from_its_last_checkpoint(vllm_pool, restore_base_weights, tmp_path):
+    """On the session's running instances (seer-run attaches by URL): the killed job leaves them
+    serving version 1 or 2, and the resumed job loads its checkpoint's weights into them first."""
     import torch
+
+    urls = [c.base_url for c in vllm_pool.clients]
 
     run_dir = tmp_path / "run"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(_cmd(run_dir), stdout=log, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(_cmd(run_dir, urls), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
         try:
             while not _checkpoints(run_dir):  # iteration 0 trained and checkpointed: kill inside iteration 1
@@ -60,7 +65,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_model, tmp_path):
     before = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][: done_before + 1]
     assert [r["iteration"] for r in before] == list(range(done_before + 1))
 
-    r = subprocess.run(_cmd(run_dir) + ["--resume"], capture_output=True, text=True, timeout=800)
+    r = subprocess.run(_cmd(run_dir, urls) + ["--resume"], capture_output=True, text=True, timeout=800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"resuming after iteration {done_before}" in r.stdout
 
