@@ -17,7 +17,7 @@ system-deps:
 	elif [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq libibverbs1) >/dev/null; \
 	else echo "Mooncake needs libibverbs1: run 'sudo apt-get install libibverbs1' (Debian/Ubuntu)"; exit 1; fi
 
-$(STAMP): pyproject.toml setup.py seer/dgds/_suffix_core.c | system-deps
+$(STAMP): pyproject.toml setup.py seer/dgds/tree/_suffix_core.c | system-deps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

@@ -39,8 +39,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from seer.rollout.engine import stats_from_result
-from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams
+from seer.rollout.divided import stats_from_result
+from seer.dgds.vllm import speculative_config
+from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams, SpecDecodeCounters
 from seer.kvpool import KVPool
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
@@ -49,9 +50,6 @@ from bench.breakdown import breakdown, format_breakdown, scrape
 from bench.configs import BenchConfig, parse_bool, select
 from bench.trace_backend import TraceBackend
 from bench.workloads import LengthModel
-
-PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
-
 
 @dataclass(frozen=True)
 class CompareSettings:
@@ -121,9 +119,7 @@ class ConfigRun:
 
 
 def _acceptance(before, after) -> float | None:
-    drafts = sum(a.spec_num_drafts - b.spec_num_drafts for a, b in zip(after, before))
-    accepted = sum(a.spec_num_accepted_tokens - b.spec_num_accepted_tokens for a, b in zip(after, before))
-    return 1.0 + accepted / drafts if drafts > 0 else None
+    return sum((a.spec - b.spec for a, b in zip(after, before)), SpecDecodeCounters()).mean_acceptance_length
 
 
 async def run_one(backends, clients, cfg: BenchConfig, prompts: list[PromptSpec], s: CompareSettings,
@@ -184,7 +180,7 @@ def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix
 
 
 def run(s: CompareSettings, progress=print) -> dict:
-    from seer.dgds.server import DgdsServer
+    from seer.dgds.server.grpc_server import DgdsServer
     from seer.model import ensure_model
     from seer.procs import cpu_sets
     from seer.fleet.pool import InstancePool
@@ -209,7 +205,7 @@ def run(s: CompareSettings, progress=print) -> dict:
         plain_specs = instance_specs(s, model_dir, cores, priority=prio) if want_plain else []
         pool_specs = [pooled(x) for x in instance_specs(s, model_dir, cores, prefix="pool-inst", priority=prio)
                       ] if want_pooled else []
-        spec_flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": s.spec_tokens})
+        spec_flag = speculative_config(s.spec_tokens)
         sd_specs = [pooled(x) for x in instance_specs(
             s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
             env={"SEER_DGDS_ADDRESS": dgds.address}, priority=prio)] if want_sd else []

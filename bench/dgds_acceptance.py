@@ -26,8 +26,9 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from seer.dgds.acceptance_sim import merge, ngram_accepted_at, replay, tree_accepted_at
+from bench.dgds_acceptance_sim import merge, ngram_accepted_at, replay, tree_accepted_at
 from seer.dgds.types import DraftParams
+from seer.request_ids import request_id
 
 MODES = {"linear": 1, "k=2": 2, "k=4": 4}
 UNSPLIT_PREFILL = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
@@ -59,7 +60,7 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
         client = pool.clients[0]
 
         async def run() -> list:
-            reqs = [GenerateRequest(f"streams-g{p.index}-s{k}", p.prompt_ids, max_tokens,
+            reqs = [GenerateRequest(request_id(p.index, k, "streams-"), p.prompt_ids, max_tokens,
                                     SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed * 1000 + i * 100 + k),
                                     logprobs=False)
                     for i, p in enumerate(prompts) for k in range(group_size)]

@@ -27,18 +27,15 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.progress import Progress
 
-from seer.dgds.vllm_metrics import spec_decode_counters
-
-PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
-
-
-def speculative_config(num_tokens: int) -> str:
-    return json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_tokens})
+from seer.dgds.vllm import speculative_config
+from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.request_ids import request_id
+from seer.types import SpecDecodeCounters
 
 
 @dataclass(frozen=True)
@@ -47,9 +44,7 @@ class PhaseResult:
     wall_s: float
     output_tokens: int
     requests: int
-    drafts: float
-    draft_tokens: float
-    accepted_tokens: float
+    spec: SpecDecodeCounters  # vLLM's counters over the phase
 
     @property
     def tokens_per_s(self) -> float:
@@ -57,21 +52,19 @@ class PhaseResult:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """Tokens per verification step of requests that were drafted for (bonus included)."""
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+        return self.spec.mean_acceptance_length
 
     @staticmethod
     def total(name: str, parts: list[PhaseResult]) -> PhaseResult:
         return PhaseResult(name, sum(p.wall_s for p in parts), sum(p.output_tokens for p in parts),
-                           sum(p.requests for p in parts), sum(p.drafts for p in parts),
-                           sum(p.draft_tokens for p in parts), sum(p.accepted_tokens for p in parts))
+                           sum(p.requests for p in parts), sum((p.spec for p in parts), SpecDecodeCounters()))
 
     def as_dict(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k != "spec"} | asdict(self.spec)
         d["tokens_per_s"] = round(self.tokens_per_s, 1)
-        m = self.mean_acceptance_length
+        m, rate = self.spec.mean_acceptance_length, self.spec.acceptance_rate
         d["mean_acceptance_length"] = None if m is None else round(m, 3)
-        d["acceptance_rate"] = round(self.accepted_tokens / self.draft_tokens, 4) if self.draft_tokens else None
+        d["acceptance_rate"] = None if rate is None else round(rate, 4)
         return d
 
 
@@ -81,7 +74,7 @@ async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int,
     from seer.types import GenerateRequest, SamplingParams
 
     def req(i, p, k):
-        return GenerateRequest(f"{id_prefix}g{i}-s{k}", p.prompt_ids, max_tokens,
+        return GenerateRequest(request_id(i, k, id_prefix), p.prompt_ids, max_tokens,
                                SamplingParams(temperature=temperature, max_tokens=max_tokens,
                                               seed=seed * 100_000 + i * 100 + k), logprobs=False)
 
@@ -103,8 +96,7 @@ async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int,
         results += await asyncio.gather(*(one(r) for r in wave))
     wall = time.perf_counter() - t0
     d = spec_decode_counters(await client.metrics_text()) - before
-    return PhaseResult(name, wall, sum(len(r.token_ids) for r in results), len(results),
-                       d.drafts, d.draft_tokens, d.accepted_tokens)
+    return PhaseResult(name, wall, sum(len(r.token_ids) for r in results), len(results), d)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from seer.dgds.server import DgdsServer
+    from seer.dgds.server.grpc_server import DgdsServer
     from seer.model import resolve_model
     from seer.fleet.instance import InstanceSpec
     from seer.procs import free_port

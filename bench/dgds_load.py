@@ -36,8 +36,8 @@ def _rss_mib(pid: int) -> float:
 def _client(address: str, cid: int, seconds: float, groups_per_client: int, ttl: float, out: list) -> None:
     import grpc
 
-    from seer.dgds.proto import dgds_pb2 as pb
-    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.server.proto import dgds_pb2 as pb
+    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 
     rng = random.Random(cid)
     lat = {"update": [], "fetch": []}
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from seer.metrics_log import percentile
 
     server = subprocess.Popen(
-        [sys.executable, "-m", "seer.dgds.cli", "serve", "--port", "0", "--workers", "16", "--reap-interval", "0.5",
+        [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--port", "0", "--workers", "16", "--reap-interval", "0.5",
          "--log-level", "WARNING"], stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()

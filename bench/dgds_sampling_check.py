@@ -4,7 +4,7 @@
 
 One vLLM CPU instance per mode, one after the other, same prompts:
   * uncorrected   the DGDS proposer drafting (6 tokens, fixed lengths), SEER_VLLM_CPU_FIX=0
-  * corrected     the same with seer.dgds.vllm_cpu_fixes applied (the default)
+  * corrected     the same with seer.compat.vllm_cpu_fixes applied (the default)
   * none          no speculation
 vLLM returns the top-20 target logprobs of every position with its sampled token; if sampling
 follows the target distribution, the fraction of tokens of rank r matches the mean reported
@@ -21,7 +21,9 @@ import json
 import math
 from pathlib import Path
 
-PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
+from seer.dgds.vllm import speculative_config
+from seer.request_ids import request_id
+
 BUCKETS = [(1, 1), (2, 2), (3, 5), (6, 20)]  # ranks; the last column is "beyond the top 20"
 NAMES = ["rank 1", "rank 2", "ranks 3-5", "ranks 6-20", "beyond 20"]
 
@@ -55,8 +57,7 @@ def run_mode(mode: str, model: str, prompts, args, log_dir: Path) -> dict:
 
     extra, env = (), {}
     if mode != "none":
-        extra = ("--speculative-config", json.dumps({"method": "custom_class", "model": PROPOSER,
-                                                     "num_speculative_tokens": 6}))
+        extra = ("--speculative-config", speculative_config(6))
         env = {"SEER_DGDS_ADAPTIVE": "0", "SEER_VLLM_CPU_FIX": "0" if mode == "uncorrected" else "1"}
     spec = InstanceSpec(f"check-{mode}", model, free_port(), cpus="0", max_model_len=1024,
                         kv_cache_bytes=96 * 2**20, max_num_seqs=64, extra_args=extra, env=env)
@@ -71,7 +72,7 @@ def run_mode(mode: str, model: str, prompts, args, log_dir: Path) -> dict:
                         "temperature": 1.0, "ignore_eos": True, "return_token_ids": True,
                         "skip_special_tokens": False, "logprobs": 20, "return_tokens_as_token_ids": True}
                 async with http.post(f"{spec.url}/v1/completions", json=body,
-                                     headers={"X-Request-Id": f"check-g{p.index}-s{k}"}) as r:
+                                     headers={"X-Request-Id": request_id(p.index, k, "check-")}) as r:
                     return (await r.json())["choices"][0]
             return await asyncio.gather(*(one(p, k) for p in prompts for k in range(args.samples)))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from seer.dgds.request_ids import parse_request_id
+from seer import request_ids
 from seer.types import InstanceBackend, Telemetry
 from seer.types import GenerateRequest, GenerateResult
 
@@ -30,11 +30,10 @@ class TraceBackend:
         self._prompt_lens = dict(prompt_lens)  # group -> prompt tokens, to know how much was generated
 
     def _key(self, request_id: str) -> LengthKey:
-        ref = parse_request_id(request_id)
-        if ref.sample_index is None:
+        sid = request_ids.parse(request_id)
+        if sid is None:
             raise ValueError(f"trace mode needs scheduler request ids, got {request_id!r}")
-        group = int(ref.group_id.rsplit("g", 1)[1])
-        return group, ref.sample_index
+        return sid.group_index, sid.sample
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         group, sample = self._key(req.request_id)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from seer.dgds.config import DGDSConfig
+from seer.dgds.server.config import DGDSConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError

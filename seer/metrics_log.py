@@ -7,12 +7,14 @@ the table is what the terminal shows, the plots are what the README shows.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 from rich.table import Table
 
+from seer.rundir import atomic_write_text
 from seer.types import RolloutBatch
 
 
@@ -63,6 +65,8 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def records(self) -> list[dict]:
         if not self.path.exists():
@@ -79,7 +83,7 @@ class MetricsLog:
     def truncate_after(self, iteration: int) -> None:
         """Drop lines of iterations > `iteration` (a resumed run redoes them)."""
         keep = [r for r in self.records() if r["iteration"] <= iteration]
-        self.path.write_text("".join(json.dumps(r, default=float) + "\n" for r in keep))
+        atomic_write_text(self.path, "".join(json.dumps(r, default=float) + "\n" for r in keep))
 
 
 SUMMARY_COLUMNS = [
@@ -96,6 +100,8 @@ SUMMARY_COLUMNS = [
     ("sync s", "weight_sync_s", "{:.1f}"),
     ("accept len", "acceptance_length", "{:.2f}"),
 ]
+
+SUMMARY_KEYS = [key for _, key, _ in SUMMARY_COLUMNS]
 
 
 def _fmt(fmt: str, value) -> str:
@@ -115,14 +121,6 @@ def summary_table(records: list[dict], title: str = "Seer iterations") -> Table:
     for r in records:
         table.add_row(*(_fmt(fmt, r.get(key)) for _, key, fmt in cols))
     return table
-
-
-def markdown_table(records: list[dict]) -> str:
-    cols = [c for c in SUMMARY_COLUMNS if any(r.get(c[1]) is not None for r in records)]
-    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in records:
-        lines.append("| " + " | ".join(_fmt(fmt, r.get(key)) for _, key, fmt in cols) + " |")
-    return "\n".join(lines)
 
 
 def plot_iterations(records: list[dict], out: Path) -> Path:

@@ -130,6 +130,38 @@ class RolloutBatch:
         return out
 
 @dataclass(frozen=True)
+class SpecDecodeCounters:
+    """vLLM's speculative-decoding counters (summed over engines), or the difference of two readings.
+
+    ``drafts``: verification steps of requests that had a draft; ``draft_tokens`` and
+    ``accepted_tokens``: tokens proposed and kept. A phase of a run is ``after - before``.
+    """
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+
+    def __add__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
+        return SpecDecodeCounters(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
+                                  self.accepted_tokens + other.accepted_tokens)
+
+    def __sub__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
+        return SpecDecodeCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
+                                  self.accepted_tokens - other.accepted_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Mean tokens per verification step of drafted requests, 1 + accepted / drafts (the bonus
+        token included); None without drafts."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of drafted tokens accepted; None without drafted tokens."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
+
+
+@dataclass(frozen=True)
 class Telemetry:
     """A snapshot of one instance's load, as its Prometheus /metrics reports it."""
 
@@ -150,8 +182,8 @@ class Telemetry:
     block_size: int = 0  # tokens per KV block (vLLM allocates whole blocks); 0 when unknown
 
     @property
-    def kv_free_tokens(self) -> int:
-        return int(self.kv_capacity_tokens * (1.0 - self.kv_usage))
+    def spec(self) -> SpecDecodeCounters:
+        return SpecDecodeCounters(self.spec_num_drafts, self.spec_num_draft_tokens, self.spec_num_accepted_tokens)
 
 
 @runtime_checkable

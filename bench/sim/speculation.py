@@ -5,7 +5,7 @@ number of group references n (the paper's Table 2 for paper-scale scenarios, or
 `bench/results/dgds_acceptance/dgds_acceptance.json` measured here). A request's n is how many siblings have
 already generated past its position, i.e. how many references its group's suffix tree holds for
 the tokens it is about to draft. Draft lengths per step come from the project's own Algorithm 1
-(`seer.dgds.draft_length.plan_draft_lengths`) over the simulator's step-time model, so
+(`seer.dgds.policy.draft_length.plan_draft_lengths`) over the simulator's step-time model, so
 speculation switches itself off at large batches exactly as in the real proposer.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from seer.dgds.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
+from seer.dgds.policy.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
 
 from bench.sim.step_model import StepModel
 

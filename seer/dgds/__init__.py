@@ -1,24 +1,44 @@
-"""DGDS: Seer's Distributed Grouped Draft Server.
+"""DGDS: Seer's Distributed Grouped Draft Server (grouped speculative decoding).
 
-One compressed suffix tree per GRPO group (``suffix_tree``), SuffixDecoding-style drafting from it
-(``drafting``), the server state and gRPC service (``group_store``, ``server``, ``cli``), the draft
-client with local replicas (``client``, ``replica``), and the marginal-benefit-aware draft-length
-policy (``draft_length``). The API is defined in ``protos/dgds.proto``.
+Sub-packages, by concern (``tree`` and ``policy`` stand alone; ``server`` drafts with ``tree``;
+``vllm`` uses all three; records they share are in ``seer.dgds.types``):
+
+* ``seer.dgds.tree``: one compressed suffix tree per GRPO group (``suffix_tree``, its compiled
+  core ``_suffix_core.c``) and SuffixDecoding-style drafting from it (``drafting``).
+* ``seer.dgds.policy``: the marginal-benefit-aware draft-length policy, Algorithm 1
+  (``draft_length``), and its online inputs inside an engine (``adaptive``).
+* ``seer.dgds.server``: the server state and gRPC service (``group_store``, ``grpc_server``,
+  ``metrics``, ``cli``, generated ``proto``), the draft client with local replicas (``client``,
+  ``replica``), the run config section (``config``, import-light) and the launcher a run uses
+  (``service``). The API is defined in ``protos/dgds.proto``.
+* ``seer.dgds.vllm``: the ``custom_class`` proposer inside vLLM (``proposer``), its settings
+  (``settings``), optional worker classes (``worker``), vLLM's spec-decode counters
+  (``metrics``), and the ``--speculative-config`` that enables the proposer (in the package).
+
+Nothing is imported here eagerly: ``import seer.config`` reaches ``seer.dgds.server.config``
+through this package and must not load grpc or the compiled tree.
 """
 
-from seer.dgds.types import Draft, DraftParams, DraftPath, Segment, SpeculateRow
+from __future__ import annotations
 
-__all__ = ["Draft", "DraftParams", "DraftPath", "Segment", "SpeculateRow", "DraftClient", "DgdsServer"]
+import importlib
+
+_EXPORTS = {
+    "Draft": "seer.dgds.types",
+    "DraftParams": "seer.dgds.types",
+    "DraftPath": "seer.dgds.types",
+    "Segment": "seer.dgds.types",
+    "SpeculateRow": "seer.dgds.types",
+    "SuffixTree": "seer.dgds.tree.suffix_tree",
+    "DraftClient": "seer.dgds.server.client",
+    "DgdsServer": "seer.dgds.server.grpc_server",
+}
+
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # gRPC-heavy modules load on first use, so the tree and policies import cheaply.
-    if name == "DraftClient":
-        from seer.dgds.client import DraftClient
-
-        return DraftClient
-    if name == "DgdsServer":
-        from seer.dgds.server import DgdsServer
-
-        return DgdsServer
-    raise AttributeError(name)
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'seer.dgds' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

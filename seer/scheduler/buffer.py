@@ -11,6 +11,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from seer.request_ids import request_id
 from seer.types import PromptSpec
 
 
@@ -69,10 +70,6 @@ class Group:
     prompt: PromptSpec
     requests: list[Request]
 
-    @property
-    def finished_lengths(self) -> list[int]:
-        return [r.generated for r in self.requests if r.status is RequestStatus.FINISHED]
-
 
 class RequestBuffer:
     """All groups and requests of one iteration, and their state transitions."""
@@ -92,7 +89,7 @@ class RequestBuffer:
         for gid, prompt in enumerate(prompts):
             reqs = []
             for k in range(group_size):
-                rid = f"{request_id_prefix}g{gid}-s{k}"
+                rid = request_id(gid, k, request_id_prefix)
                 if rid in self.requests:
                     raise ValueError(f"duplicate request id {rid}")
                 req = Request(rid, gid, k, list(prompt.prompt_ids), max_tokens, seq)

@@ -1,4 +1,4 @@
-"""How one request is cut into chunks: the size of the next chunk, its id and its seed.
+"""How one request is cut into chunks: the size of the next chunk and its seed (ids: seer.request_ids).
 
 Divided rollout bounds every dispatch by `chunk_size`, so a request never holds more KV than
 its context plus one chunk before it comes back to the scheduler; that bound is what makes
@@ -40,11 +40,6 @@ def chunk_max_tokens(
     if block_size and context_len is not None and chunk_size >= block_size:
         n = chunk_size - (context_len + chunk_size - 1) % block_size
     return min(n, remaining)
-
-
-def chunk_request_id(request_id: str, chunk_index: int) -> str:
-    """Instances see one id per chunk, so an abort or a retry never hits another chunk."""
-    return f"{request_id}-c{chunk_index}"
 
 
 def chunk_seed(base_seed: int | None, request_id: str, chunk_index: int) -> int | None:

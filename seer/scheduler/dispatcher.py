@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from seer.types import Telemetry
 from seer.types import GenerateRequest, GenerateResult, PromptSpec, Sample, SamplingParams
 from seer.scheduler.buffer import Request, RequestBuffer, RequestStatus
-from seer.scheduler.chunks import chunk_request_id, chunk_seed
+from seer.request_ids import chunk_id as make_chunk_id
+from seer.scheduler.chunks import chunk_seed
 from seer.scheduler.decisions import Decision, Dispatch
 from seer.scheduler.events import ChunkEvent
 from seer.scheduler.placement import InstanceLoad
@@ -110,9 +111,7 @@ class Dispatcher:
         load.running += 1
         self.policy.on_dispatched(d)
         # A retried chunk keeps its index (hence its seed) but needs a fresh id on the engine.
-        chunk_id = chunk_request_id(req.request_id, chunk_index)
-        if req.failures:
-            chunk_id += f"-r{req.failures}"
+        chunk_id = make_chunk_id(req.request_id, chunk_index, req.failures)
         sampling = replace(
             self.sampling,
             max_tokens=d.max_tokens,

@@ -28,7 +28,7 @@ def init_megatron(seed: int = 0) -> None:
     """
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
-        from seer.trainer.megatron_cpu_shim import apply_cpu_shim
+        from seer.compat.megatron_cpu_shim import apply_cpu_shim
 
         apply_cpu_shim()
     if not dist.is_initialized():
@@ -48,6 +48,6 @@ def init_megatron(seed: int = 0) -> None:
     if on_gpu:
         model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     else:
-        from seer.trainer.megatron_cpu_shim import seed_cpu_rng_tracker
+        from seer.compat.megatron_cpu_shim import seed_cpu_rng_tracker
 
         seed_cpu_rng_tracker(seed)

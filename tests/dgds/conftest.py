@@ -3,19 +3,18 @@ speculative decoding is the DGDS proposer (start-up costs a minute or two, so on
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
+from seer.dgds.vllm import speculative_config
 
 
 @dataclass
 class DgdsVllm:
     pool: object  # seer.fleet.pool.InstancePool with one instance
-    dgds: object  # seer.dgds.server.DgdsServer
+    dgds: object  # seer.dgds.server.grpc_server.DgdsServer
     prompts: list  # PromptSpec of the running-sum task
     log_path: Path
 
@@ -33,7 +32,7 @@ def dgds_vllm(tiny_model, tmp_path_factory) -> DgdsVllm:
     """
     from transformers import AutoTokenizer
 
-    from seer.dgds.server import DgdsServer
+    from seer.dgds.server.grpc_server import DgdsServer
     from seer.fleet.instance import InstanceSpec
     from seer.procs import free_port
     from seer.fleet.pool import InstancePool
@@ -45,8 +44,7 @@ def dgds_vllm(tiny_model, tmp_path_factory) -> DgdsVllm:
     spec = InstanceSpec(
         "dgds-vllm", str(tiny_model), free_port(), cpus="0", max_model_len=1024,
         kv_cache_bytes=96 * 2**20, max_num_seqs=64,
-        extra_args=("--speculative-config",
-                    json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 6})),
+        extra_args=("--speculative-config", speculative_config(6)),
         env={"SEER_DGDS_ADDRESS": dgds.address, "SEER_DGDS_ADAPTIVE": "0", "SEER_DGDS_UPDATE_TOKENS": "4"},
     )
     logs = tmp_path_factory.mktemp("dgds-vllm-logs")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seer.dgds.draft_length import (
+from seer.dgds.policy.draft_length import (
     AcceptanceStats,
     DraftLengths,
     allocate_draft_lengths,

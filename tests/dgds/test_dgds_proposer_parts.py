@@ -1,21 +1,17 @@
 """The proposer's vLLM-free parts: request-id parsing, settings, the online Algorithm 1 inputs,
-vLLM's metrics parsing, and the offline acceptance simulation (against a brute-force replay)."""
+and vLLM's metrics parsing."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from seer.dgds.acceptance_sim import accepted_prefix, ngram_accepted_at, replay, tree_accepted_at
-from seer.dgds.adaptive import AdaptiveDraftLength, StepCost
-from seer.dgds.proposer_settings import settings_from
-from seer.dgds.request_ids import caller_request_id, parse_request_id
-from seer.dgds.types import DraftParams
-from seer.dgds.vllm_metrics import spec_decode_counters
-from seer.scheduler.chunks import chunk_request_id
+from seer.dgds.policy.adaptive import AdaptiveDraftLength, StepCost
+from seer.dgds.vllm import PROPOSER, speculative_config
+from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.dgds.vllm.settings import settings_from
+from seer.request_ids import SeerId, caller_request_id, chunk_id, parse, parse_request_id, request_id
 
 # ---- request ids ---------------------------------------------------------------------------
 
@@ -34,15 +30,24 @@ def test_caller_id_is_recovered_from_vllm_wrappings(engine_id, caller):
 
 
 def test_scheduler_ids_map_to_their_group_and_chunk_sequence():
-    rid = chunk_request_id("it3-g5-s2", 1) + "-r1"  # the dispatcher's retry of chunk 1
+    rid = chunk_id(request_id(5, 2, "it3-"), 1, retry=1)  # the dispatcher's retry of chunk 1
     ref = parse_request_id(f"cmpl-{rid}-0-abcdef01")
     assert (ref.group_id, ref.sequence_id, ref.sample_index, ref.chunk_index) == ("it3-g5", rid, 2, 1)
     assert ref.grouped and not ref.first_chunk and not ref.probe
-    probe = parse_request_id(f"cmpl-{chunk_request_id('it3-g5-s0', 0)}-0-abcdef01")
+    probe = parse_request_id(f"cmpl-{chunk_id('it3-g5-s0', 0)}-0-abcdef01")
     assert probe.probe and probe.first_chunk and probe.group_id == "it3-g5"
     # sibling samples and chunks share the group; other iterations do not
     assert parse_request_id("cmpl-it3-g5-s7-0-00000000").group_id == "it3-g5"
     assert parse_request_id("cmpl-it4-g5-s7-0-00000000").group_id == "it4-g5"
+
+
+def test_ids_are_built_and_parsed_by_one_grammar():
+    rid = request_id(5, 2, "it3-")
+    assert rid == "it3-g5-s2" and chunk_id(rid, 4) == "it3-g5-s2-c4" and chunk_id(rid, 4, 2) == "it3-g5-s2-c4-r2"
+    assert parse(chunk_id(rid, 4, 2)) == SeerId("it3-", 5, 2, 4, 2)
+    assert parse(rid) == SeerId("it3-", 5, 2) and parse(rid).request == rid and parse(rid).group == "it3-g5"
+    assert parse(request_id(0, 1)) == SeerId("", 0, 1)
+    assert parse("my-framework-req-42") is None
 
 
 def test_foreign_ids_and_solo_ids_draft_per_request():
@@ -57,7 +62,16 @@ def test_foreign_ids_and_solo_ids_draft_per_request():
     assert a.group_id == b.group_id != c.group_id
 
 
-# ---- settings --------------------------------------------------------------------------------
+# ---- settings ----------------------------------------------------------------------------------
+
+
+def test_the_speculative_config_names_the_proposer_class():
+    import json
+
+    from seer.dgds.vllm.proposer import DgdsProposer
+
+    assert PROPOSER == f"{DgdsProposer.__module__}.{DgdsProposer.__qualname__}"
+    assert json.loads(speculative_config(6)) == {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 6}
 
 
 def test_settings_from_spec_config_and_env():
@@ -123,33 +137,3 @@ def test_spec_decode_counters_parse_and_diff():
     assert (c.drafts, c.draft_tokens, c.accepted_tokens) == (10, 60, 15)
     assert c.mean_acceptance_length == pytest.approx(2.5) and c.acceptance_rate == pytest.approx(0.25)
     assert (c - c).mean_acceptance_length is None
-
-
-# ---- offline acceptance simulation ---------------------------------------------------------------
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 30), min_size=0, max_size=40))
-def test_replay_counts_every_token_once(accepted):
-    r = replay(accepted)
-    assert r.tokens == len(accepted)
-    assert (r.steps == 0) == (len(accepted) == 0)
-    if all(a == 0 for a in accepted):
-        assert r.steps == len(accepted)
-
-
-def test_acceptance_of_a_copy_of_a_reference_is_the_draft_length():
-    rng = random.Random(1)
-    resp = [rng.randrange(50) for _ in range(200)]
-    params = {"linear": DraftParams(max_spec_tokens=4, min_token_prob=0.0)}
-    with_copy = replay(tree_accepted_at([], resp, [resp], params)["linear"])
-    alone = replay(tree_accepted_at([], resp, [], params)["linear"])
-    assert with_copy.mean_acceptance_length > 4.5  # nearly every step: 4 drafted + the bonus
-    assert alone.mean_acceptance_length < 1.3  # random tokens: own history predicts little
-
-
-def test_ngram_is_scored_with_vllms_own_matcher():
-    resp = [1, 2, 3, 4] * 10
-    acc = ngram_accepted_at([9, 9], resp, k=3, lookup_min=1, lookup_max=3)
-    assert acc[:4] == [0, 0, 0, 0] and all(a == 3 for a in acc[5:-3])
-    assert accepted_prefix([1, 2, 5], [1, 2, 3]) == 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from seer.dgds.group_store import GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update, UpdateStatus
-from seer.dgds.replica import GroupReplica
+from seer.dgds.server.group_store import GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update, UpdateStatus
+from seer.dgds.server.replica import GroupReplica
 
 from .brute import substring_counts
 

@@ -7,8 +7,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from seer.dgds.drafting import draft
-from seer.dgds.suffix_tree import COMPILED, SuffixTree
+from seer.dgds.tree.drafting import draft
+from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import DraftParams
 
 from .brute import continuations, occurrences, substring_counts
@@ -16,9 +16,8 @@ from .brute import continuations, occurrences, substring_counts
 small_seqs = st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=4)
 
 
-# Both appends: the compiled core (the default when built) and the pure-Python reference.
-IMPLS = [pytest.param(False, id="python"),
-         pytest.param(True, id="compiled", marks=pytest.mark.skipif(not COMPILED, reason="core not built"))]
+# Both appends: the compiled core (the default; required) and the pure-Python reference.
+IMPLS = [pytest.param(False, id="python"), pytest.param(True, id="compiled")]
 
 
 def build(seqs, depth, chunks=None, compiled=None):
@@ -170,7 +169,6 @@ def _node_fields(tree):
     return sorted((path, n.count, n.length, n.children is None) for path, n in tree.iter_nodes())
 
 
-@pytest.mark.skipif(not COMPILED, reason="core not built")
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2), max_size=120), min_size=1, max_size=4),
        st.sampled_from([2, 3, 5, 16, 64]), st.integers(0, 10**6))
@@ -198,8 +196,6 @@ def test_compiled_and_python_appends_build_the_same_tree_after_every_call(seqs, 
 
 
 def test_compiled_append_rejects_bad_tokens_and_keeps_the_tree_consistent():
-    if not COMPILED:
-        pytest.skip("core not built")
     tree = SuffixTree(8, compiled=True)
     s = tree.add_sequence()
     tree.extend(s, [1, 2, 3])
@@ -215,8 +211,6 @@ def test_compiled_append_rejects_bad_tokens_and_keeps_the_tree_consistent():
 def test_compiled_trees_are_freed_without_the_cyclic_gc():
     """A compiled tree is plain C memory (no Python object per node, nothing for the cyclic GC to
     walk as trees grow): dropping a tree frees it at once."""
-    if not COMPILED:
-        pytest.skip("core not built")
     import gc
     import tracemalloc
 
@@ -240,7 +234,6 @@ def test_compiled_trees_are_freed_without_the_cyclic_gc():
     assert built > 500_000 and left < built / 20, (built, left)
 
 
-@pytest.mark.skipif(not COMPILED, reason="core not built")
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 4), max_size=80), min_size=1, max_size=5),
        st.sampled_from([2, 3, 5, 8, 16, 64]), st.integers(0, 10**6),
@@ -250,7 +243,7 @@ def test_compiled_trees_are_freed_without_the_cyclic_gc():
 def test_compiled_drafts_are_the_python_drafts(seqs, depth, seed, contexts, budget, lmin, lmax_extra, k, floor):
     """The C drafting (match, greedy walk, top-k beam and its ranking) returns exactly the tokens,
     probabilities and match length of drafting.py's, on trees that reached the same state."""
-    from seer.dgds import drafting
+    from seer.dgds.tree import drafting
 
     py, c = build(seqs, depth, seed, compiled=False), build(seqs, depth, seed, compiled=True)
     for ctx in contexts + [s[: len(s) // 2] for s in seqs]:
@@ -264,7 +257,6 @@ def test_compiled_drafts_are_the_python_drafts(seqs, depth, seed, contexts, budg
                 assert (drafting._rank(paths, top_k), match_len) == want
 
 
-@pytest.mark.skipif(not COMPILED, reason="core not built")
 def test_compiled_core_handles_big_fanout_and_token_types():
     """Nodes with many children (hashed in the core), tokens beyond 32 bits, numpy ints; the
     Python view of a compiled tree has the Python tree's nodes."""
@@ -283,3 +275,65 @@ def test_compiled_core_handles_big_fanout_and_token_types():
                 assert draft(c, ctx, params) == draft(py, list(ctx), params)
     with pytest.raises(TypeError):
         draft(c, [1, "x"], DraftParams())
+
+
+# ---- the compiled core is required ---------------------------------------------------------------
+
+_BLOCK_CORE = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "seer.dgds.tree._suffix_core":
+            raise ImportError("blocked for the test")
+sys.meta_path.insert(0, Block())
+"""
+_STALE_CORE = """
+import sys, types
+fake = types.ModuleType("seer.dgds.tree._suffix_core")
+fake.__file__ = "/nowhere/_suffix_core.so"
+fake.Tree = object
+fake.SOURCE_SHA256 = "0" * 64
+sys.modules[fake.__name__] = fake
+"""
+
+
+def _import_tree(prelude: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    code = prelude + "\nimport seer.dgds.tree.suffix_tree as s\nprint('COMPILED', s.COMPILED, s.SuffixTree(8).compiled)\n"
+    full_env = {k: v for k, v in os.environ.items() if k != "SEER_DGDS_PURE_PYTHON"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**full_env, **env})
+
+
+def test_a_missing_core_fails_the_import_and_names_the_fix():
+    r = _import_tree(_BLOCK_CORE)
+    assert r.returncode != 0
+    assert "ImportError: seer.dgds.tree._suffix_core (the compiled suffix tree) is not built" in r.stderr
+    assert "pip install -e ." in r.stderr and "SEER_DGDS_PURE_PYTHON=1" in r.stderr
+
+
+def test_a_stale_core_fails_the_import():
+    r = _import_tree(_STALE_CORE)
+    assert r.returncode != 0
+    assert "is stale: built from another version of _suffix_core.c (build 000000000000" in r.stderr
+    assert "pip install -e ." in r.stderr
+
+
+def test_pure_python_opt_in_gives_the_python_tree():
+    r = _import_tree(_BLOCK_CORE, SEER_DGDS_PURE_PYTHON="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["COMPILED", "False", "False"]
+
+
+def test_the_built_core_matches_its_source():
+    import hashlib
+    from pathlib import Path
+
+    from seer.dgds.tree import _suffix_core, suffix_tree
+
+    source = Path(suffix_tree.__file__).with_name("_suffix_core.c")
+    assert _suffix_core.SOURCE_SHA256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert suffix_tree.COMPILED and SuffixTree(8).compiled

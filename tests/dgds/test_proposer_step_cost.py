@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from seer.dgds.proposer_settings import ProposerSettings
-from seer.dgds.vllm_proposer import DgdsProposer
+from seer.dgds.vllm.settings import ProposerSettings
+from seer.dgds.vllm.proposer import DgdsProposer
 
 
 class _Runner:

@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from seer.dgds.group_store import UnknownGroups
-from seer.dgds.vllm_metrics import SpecDecodeCounters, spec_decode_counters
-from seer.types import GenerateRequest, SamplingParams
+from seer.dgds.server.group_store import UnknownGroups
+from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.request_ids import parse, parse_request_id, request_id
+from seer.types import GenerateRequest, SamplingParams, SpecDecodeCounters
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -26,7 +27,7 @@ MAX_TOKENS = 96
 
 def _requests(prompts, prefix: str, samples: range) -> list[GenerateRequest]:
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    return [GenerateRequest(f"{prefix}g{p.index}-s{k}", p.prompt_ids, MAX_TOKENS, sp, logprobs=False)
+    return [GenerateRequest(request_id(p.index, k, prefix), p.prompt_ids, MAX_TOKENS, sp, logprobs=False)
             for p in prompts for k in samples]
 
 
@@ -39,9 +40,9 @@ async def _wait_for_probes_on_server(dgds, out: dict[str, list[int]], solo: bool
     """
     want = {}
     for rid, toks in out.items():
-        seq = rid[len("solo-"):] if solo else rid
-        group = f"req:{seq}" if solo else seq.rsplit("-s", 1)[0]
-        want[(group, seq)] = len(toks)
+        ref = parse_request_id(rid)  # the proposer's own mapping
+        assert ref.grouped != solo
+        want[(ref.group_id, ref.sequence_id)] = len(toks)
     deadline = time.monotonic() + timeout_s
     missing = dict(want)
     while missing and time.monotonic() < deadline:
@@ -105,8 +106,13 @@ def test_speculation_is_lossless_under_greedy_decoding(modes):
     assert solo.keys() == group.keys()
     assert all(len(v) > 0 for v in group.values())
     assert solo == group  # drafts differ between the modes; verified outputs must not
-    for p in {k.split("-s")[0] for k in group}:  # greedy: every sibling reproduces its probe
-        assert all(group[f"{p}-s{k}"] == group[f"{p}-s0"] for k in range(GROUP_SIZE))
+    samples: dict[str, dict[int, list[int]]] = {}
+    for rid, toks in group.items():
+        sid = parse(rid)
+        samples.setdefault(sid.group, {})[sid.sample] = toks
+    for outputs in samples.values():  # greedy: every sibling reproduces its probe
+        assert sorted(outputs) == list(range(GROUP_SIZE))
+        assert all(v == outputs[0] for v in outputs.values())
 
 
 async def _sample_with_top_logprobs(client, prompts, samples: int, max_tokens: int) -> list[dict]:
@@ -120,7 +126,7 @@ async def _sample_with_top_logprobs(client, prompts, samples: int, max_tokens: i
                     "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False,
                     "logprobs": 20, "return_tokens_as_token_ids": True}
             async with http.post(f"{client.base_url}/v1/completions", json=body,
-                                 headers={"X-Request-Id": f"temp1-g{p.index}-s{k}"}) as r:
+                                 headers={"X-Request-Id": request_id(p.index, k, "temp1-")}) as r:
                 assert r.status == 200, await r.text()
                 return (await r.json())["choices"][0]
         return await asyncio.gather(*(one(p, k) for p in prompts for k in range(samples)))
@@ -131,7 +137,7 @@ def test_speculation_is_lossless_when_sampling(dgds_vllm):
     distribution. vLLM reports that distribution's top 20 with each token, so the rank of the
     sampled token is a calibration check: P(rank r) must match the mean reported p_r within
     sampling noise, and never-trained padding ids (beyond the tokenizer) must not appear. Before
-    seer.dgds.vllm_cpu_fixes, vLLM 0.32's CPU backend sampled drafted positions from a garbage
+    seer.compat.vllm_cpu_fixes, vLLM 0.32's CPU backend sampled drafted positions from a garbage
     temperature: rank 1 came out 16% of the time against 56% expected, padding ids 4.7%."""
     import math
 
@@ -187,7 +193,7 @@ def test_decoding_goes_on_when_the_draft_server_is_gone(dgds_vllm):
 def test_draft_server_restart_mid_rollout_is_harmless(modes, dgds_vllm):
     """Runs last in this module: the draft server dies, vLLM keeps decoding (no drafts for groups
     it never registered, no error), then a new server on the same port brings drafts back."""
-    from seer.dgds.server import DgdsServer
+    from seer.dgds.server.grpc_server import DgdsServer
 
     client = dgds_vllm.client
     dgds_vllm.dgds.stop(0)

@@ -1,5 +1,5 @@
 """Run as a script (tests/dgds/test_vllm_cpu_fixes.py does): vLLM's CPU rejection sampler in a fresh
-process, set up as an engine worker sets it up, before and after seer.dgds.vllm_cpu_fixes. Prints
+process, set up as an engine worker sets it up, before and after seer.compat.vllm_cpu_fixes. Prints
 one JSON object. A fresh process because vLLM's kernel registration scans every loaded module and
 trips over some (llvmlite's, once numba compiled something), as a test process may have them."""
 
@@ -47,7 +47,7 @@ def main() -> None:
         current_platform.register_triton_kernel_overrides()  # as worker_base.py:282 does
         from vllm.v1.sample import rejection_sampler as rs
 
-        from seer.dgds.vllm_cpu_fixes import apply_cpu_sampling_fixes
+        from seer.compat.vllm_cpu_fixes import apply_cpu_sampling_fixes
 
         res["before"] = {"expanded": expanded_temperature(rs),
                          "tv": {str(t): drafted_position_tv(rs, t) for t in (1.0, 0.5)}}

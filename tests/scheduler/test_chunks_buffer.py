@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from sched_helpers import prompts
 from seer.scheduler.buffer import Request, RequestBuffer, RequestStatus
-from seer.scheduler.chunks import chunk_max_tokens, chunk_request_id, chunk_seed
+from seer.request_ids import chunk_id
+from seer.scheduler.chunks import chunk_max_tokens, chunk_seed
 
 
 @given(st.integers(1, 10_000), st.integers(1, 100_000), st.data())
@@ -52,7 +53,7 @@ def test_chunk_seed_depends_only_on_base_request_and_chunk():
     assert 0 <= s < 2**31
     others = {chunk_seed(8, "g0-s0", 0), chunk_seed(7, "g0-s1", 0), chunk_seed(7, "g0-s0", 1)}
     assert s not in others and len(others) == 3
-    assert chunk_request_id("g3-s1", 2) == "g3-s1-c2"
+    assert chunk_id("g3-s1", 2) == "g3-s1-c2"
 
 
 def test_buffer_builds_groups_of_requests():

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from seer.dgds.group_store import Limits
+from seer.dgds.server.group_store import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from seer.dgds.server import DgdsServer  # after arg parsing: --help stays fast
+    from seer.dgds.server.grpc_server import DgdsServer  # after arg parsing: --help stays fast
 
     limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update)
     server = DgdsServer(args.host, args.port, max_depth=args.max_depth, limits=limits,

@@ -29,7 +29,7 @@ for a dtype-preserving torch implementation of the Triton kernel's
 semantics (``rejection_sampler.py:956``: each request's value, with ``replace_from`` replaced by
 ``replace_to``, repeated over that request's draft positions). It must run in the engine's worker
 process after vLLM registered its CPU overrides (``worker_base.py:282``); ``DgdsProposer`` and
-``seer.dgds.vllm_worker``'s workers call :func:`apply_cpu_sampling_fixes`, so no extra flag is
+``seer.dgds.vllm.worker``'s workers call :func:`apply_cpu_sampling_fixes`, so no extra flag is
 needed. It is a no-op on other platforms, with Triton-CPU, or once vLLM's override is not the
 broken one.
 """
@@ -40,7 +40,7 @@ import logging
 import os
 from typing import Any
 
-log = logging.getLogger("seer.dgds.vllm_cpu_fixes")
+log = logging.getLogger("seer.compat.vllm_cpu_fixes")
 
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _BROKEN_IMPL = ("vllm.utils.cpu_triton_utils", "_expand_kernel_impl")
@@ -113,5 +113,5 @@ def _swap_expand_kernel() -> bool:
     wrapper._forward_by_name = False  # our parameter names differ: launch arguments go in kernel order
     dispatcher._registry[EXPAND_KERNEL] = (original, expand_kernel_impl)
     log.warning("Seer: replaced vLLM's CPU rejection-sampler expand_kernel (it drops its float output; "
-                "see seer/dgds/vllm_cpu_fixes.py)")
+                "see seer/compat/vllm_cpu_fixes.py)")
     return True

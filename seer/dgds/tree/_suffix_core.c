@@ -1,4 +1,4 @@
-/* Compiled core of seer/dgds/suffix_tree.py: the whole group tree in C, appends and drafting.
+/* Compiled core of seer/dgds/tree/suffix_tree.py: the whole group tree in C, appends and drafting.
  *
  * `Tree` holds the same tree as the pure-Python `SuffixTree` (same nodes, counts, edge references;
  * suffix_tree.py's `_extend` is the reference, and tests require identical trees after every call)
@@ -13,8 +13,9 @@
  * drafts with the Python implementation's, token for token and probability for probability.
  *
  * No Python object is made per node, so trees are invisible to the cyclic GC and freed at once.
- * Only public C API is used (no object layouts). Built by `pip install -e .` (setup.py, optional: a
- * failed build leaves the pure-Python tree).
+ * Only public C API is used (no object layouts). Built by `pip install -e .` (setup.py), which
+ * compiles in SEER_CORE_SOURCE_SHA256, the SHA-256 of this file: suffix_tree.py compares it with
+ * the source next to it and refuses a stale build.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +26,9 @@
 #define SCAN_MAX 4 /* up to this many children: found by scanning the sibling list, not hashed */
 #endif
 #define NONE (-1)
+#ifndef SEER_CORE_SOURCE_SHA256
+#define SEER_CORE_SOURCE_SHA256 "unknown" /* not built by setup.py: suffix_tree.py treats it as stale */
+#endif
 
 typedef struct {
     int64_t tok;     /* first token of the edge: the key under the parent (root: unused) */
@@ -1107,10 +1111,10 @@ static PyGetSetDef Tree_getset[] = {
 };
 
 static PyTypeObject TreeType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "seer.dgds._suffix_core.Tree",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "seer.dgds.tree._suffix_core.Tree",
     .tp_basicsize = sizeof(Tree),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A group's suffix tree in C (see seer.dgds.suffix_tree)",
+    .tp_doc = "A group's suffix tree in C (see seer.dgds.tree.suffix_tree)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Tree_init,
     .tp_dealloc = (destructor)Tree_dealloc,
@@ -1145,7 +1149,8 @@ PyMODINIT_FUNC PyInit__suffix_core(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||
-        PyModule_AddIntConstant(m, "EXACT_RANK", PY_VERSION_HEX < 0x030C0000) < 0) {
+        PyModule_AddIntConstant(m, "EXACT_RANK", PY_VERSION_HEX < 0x030C0000) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE_SHA256", SEER_CORE_SOURCE_SHA256) < 0) {
         Py_DECREF(m);
         return NULL;
     }

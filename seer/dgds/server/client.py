@@ -36,11 +36,11 @@ from typing import Iterable, Sequence
 
 import grpc
 
-from seer.dgds.drafting import draft
-from seer.dgds.proto import dgds_pb2 as pb
-from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
-from seer.dgds.replica import GroupReplica, ReplicaGap
-from seer.dgds.server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
+from seer.dgds.tree.drafting import draft
+from seer.dgds.server.proto import dgds_pb2 as pb
+from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.server.replica import GroupReplica, ReplicaGap
+from seer.dgds.server.grpc_server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
 from seer.dgds.types import Draft, Segment, SpeculateRow
 
 log = logging.getLogger(__name__)
@@ -164,11 +164,6 @@ class DraftClient:
     def finish_request(self, group_id: str, request_id: str) -> None:
         """The request is done: send its last tokens without waiting for a full batch."""
         self._inbox.append(("finish_request", group_id, request_id, None, 0.0))
-        self._wake.set()
-
-    def release_group(self, group_id: str) -> None:
-        """Stop following a group here (the server keeps it for the other instances)."""
-        self._inbox.append(("release", group_id, "", None, 0.0))
         self._wake.set()
 
     def finish_group(self, group_id: str) -> None:
@@ -310,8 +305,6 @@ class DraftClient:
                 elif kind == "finish_request":
                     if g is not None:
                         g.own.setdefault(rid, _OwnRequest()).finished = True
-                elif kind == "release":
-                    self._groups.pop(gid, None)
                 elif kind == "finish_group":
                     if self._groups.pop(gid, None) is not None:
                         self._finishing.append(gid)
@@ -442,7 +435,7 @@ class DraftClient:
                     replica, _ = cursors[inc.group_id]
                     g = self._groups.get(inc.group_id)
                     if g is None or g.replica is not replica:
-                        continue  # released or rebuilt meanwhile
+                        continue  # finished, expired or rebuilt meanwhile
                     segs = [Segment(s.request_id, s.start, tuple(s.tokens)) for s in inc.segments]
                     try:
                         replica.apply_delta(inc.start, inc.next, segs)

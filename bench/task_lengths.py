@@ -1,6 +1,6 @@
 """Measures a task's response-length distribution: the long tail Seer exists for.
 
-Run `python -m seer.tasks.lengths` for the built-in task's table: lengths of reference
+Run `python -m bench.task_lengths` for the built-in task's table: lengths of reference
 solutions over the whole default dataset, and, unless `--model none`, lengths and rewards of
 responses sampled from the warm-started default model (HF generate on a few prompts).
 """
@@ -80,7 +80,7 @@ def reference_lengths(prompts: int, group_size: int, seed: int = 0) -> list[list
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m seer.tasks.lengths", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.task_lengths", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=256, help="prompts of the built-in dataset (default config: 256)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)

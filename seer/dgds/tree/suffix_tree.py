@@ -18,13 +18,20 @@ With the compiled core (``_suffix_core.c``, built by ``pip install -e .``) the w
 C: the same nodes and counts in plain arrays, and ``extend`` and drafting (``drafting.draft``) run
 there; ``root``, ``iter_nodes`` and ``locate`` then read a Python view of it (``Node`` objects made
 from the C tree on demand: introspection, not the hot path). ``_extend`` below and drafting.py are
-the same algorithms in Python, the fallback and the reference; tests compare both, node for node
-and draft for draft.
+the same algorithms in Python, the reference; tests compare both, node for node and draft for draft.
+
+The core is required. A missing or stale build (an .so compiled from another ``_suffix_core.c``:
+setup.py compiles the source's SHA-256 into it) makes this import fail with the fix in the message,
+because silently running the Python tree is a several-fold slowdown nobody asked for. Setting
+``SEER_DGDS_PURE_PYTHON=1`` opts into the Python tree (same trees and drafts, slower), e.g. where
+no C compiler is available.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 
@@ -49,16 +56,28 @@ class Node:
         self.growing = count == 1
 
 
+PURE_PYTHON_ENV = "SEER_DGDS_PURE_PYTHON"
+_SOURCE = Path(__file__).with_name("_suffix_core.c")
+_REBUILD = ("rebuild it with `pip install -e .` (or `make install`), or set SEER_DGDS_PURE_PYTHON=1 "
+            "to use the pure-Python tree (same trees and drafts, several times slower)")
+
+
 def _load_core():
-    """The compiled core (``_suffix_core.c``, built by ``pip install -e .``), or None."""
-    if os.environ.get("SEER_DGDS_PURE_PYTHON") == "1":
+    """The compiled core, or None under ``SEER_DGDS_PURE_PYTHON=1``; ImportError if missing or stale."""
+    if os.environ.get(PURE_PYTHON_ENV) == "1":
         return None
     try:
-        from seer.dgds import _suffix_core
-    except ImportError:
-        return None
-    if not hasattr(_suffix_core, "Tree"):  # a stale build of an older core: rebuild it
-        return None
+        from seer.dgds.tree import _suffix_core
+    except ImportError as e:
+        raise ImportError(f"seer.dgds.tree._suffix_core (the compiled suffix tree) is not built or does "
+                          f"not load ({e}): {_REBUILD}") from e
+    built = getattr(_suffix_core, "SOURCE_SHA256", None)
+    # Installed without the C source (a wheel): the build is what was shipped, nothing to compare.
+    expected = hashlib.sha256(_SOURCE.read_bytes()).hexdigest() if _SOURCE.exists() else built
+    if built != expected or not hasattr(_suffix_core, "Tree"):
+        raise ImportError(f"seer.dgds.tree._suffix_core at {_suffix_core.__file__} is stale: built from "
+                          f"another version of {_SOURCE.name} (build {str(built)[:12]}, source "
+                          f"{str(expected)[:12]}): {_REBUILD}", name=_suffix_core.__name__)
     from seer.dgds.types import DraftPath
 
     _suffix_core.bind(DraftPath)
@@ -66,21 +85,21 @@ def _load_core():
 
 
 _CORE = _load_core()
-COMPILED = _CORE is not None  # whether trees are compiled by default
+COMPILED = _CORE is not None  # False only under SEER_DGDS_PURE_PYTHON=1
 
 
 class SuffixTree:
     """Suffix tree of a group: ``add_sequence`` per request, then ``extend`` it with new tokens.
 
-    ``compiled``: keep the tree in the C core (default: when it is built, see ``COMPILED``) or in
-    Python ``Node`` objects; both hold the very same tree and draft the very same tokens.
+    ``compiled``: keep the tree in the C core (the default unless ``SEER_DGDS_PURE_PYTHON=1``) or
+    in Python ``Node`` objects; both hold the very same tree and draft the very same tokens.
     """
 
     def __init__(self, max_depth: int = 64, compiled: bool | None = None):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
         if compiled and not COMPILED:
-            raise RuntimeError("seer.dgds._suffix_core is not built (pip install -e .)")
+            raise RuntimeError(f"a compiled tree was asked for, but {PURE_PYTHON_ENV}=1 is set")
         self.max_depth = max_depth
         self._c = None
         if COMPILED and compiled is not False:
@@ -301,9 +320,6 @@ class SuffixTree:
     def continues(self, node: Node, off: int) -> bool:
         """Whether some occurrence of the located pattern is followed by another token."""
         return off < node.length or bool(node.children)
-
-    def edge_token(self, node: Node, off: int) -> int:
-        return self.seqs[node.ref_seq][node.ref_idx + off]
 
     # ---- introspection (tests, replicas, metrics) ------------------------------------------
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from seer.dgds.drafting import draft
-from seer.dgds.suffix_tree import SuffixTree
+from seer.dgds.tree.drafting import draft
+from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import DraftParams
 
 Drafter = Callable[[Sequence[int]], list[tuple[int, ...]]]  # context -> candidate paths

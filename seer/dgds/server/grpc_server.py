@@ -17,10 +17,10 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from seer.dgds.group_store import DgdsError, GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update
-from seer.dgds.metrics import RpcMetrics
-from seer.dgds.proto import dgds_pb2 as pb
-from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.server.group_store import DgdsError, GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update
+from seer.dgds.server.metrics import RpcMetrics
+from seer.dgds.server.proto import dgds_pb2 as pb
+from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.types import DraftParams
 
 log = logging.getLogger(__name__)

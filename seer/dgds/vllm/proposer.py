@@ -1,26 +1,26 @@
 """Seer's grouped speculative decoding inside vLLM: a ``custom_class`` proposer over DGDS.
 
 Enable on a plain vLLM server with one flag (plus ``SEER_DGDS_ADDRESS`` to share groups across
-instances through ``seer-dgds serve``; see ``seer.dgds.proposer_settings`` for every knob)::
+instances through ``seer-dgds serve``; see ``seer.dgds.vllm.settings`` for every knob)::
 
     SEER_DGDS_ADDRESS=127.0.0.1:50061 python -m vllm.entrypoints.openai.api_server --model M \\
       --speculative-config '{"method": "custom_class",
-                             "model": "seer.dgds.vllm_proposer.DgdsProposer",
+                             "model": "seer.dgds.vllm.proposer.DgdsProposer",
                              "num_speculative_tokens": 8}'
 
 Every engine step vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``
 with one row per running request. Row i is request ``input_batch.req_ids[i]``: the proposer needs
 the model runner for that, and finds it without a worker extension (the runner is the caller of
-``load_model`` and ``propose``; ``seer.dgds.vllm_worker`` binds it explicitly for those who prefer a
+``load_model`` and ``propose``; ``seer.dgds.vllm.worker`` binds it explicitly for those who prefer a
 ``--worker-cls``). For each row it
 
-1. maps the request id to its group and sequence (``seer.dgds.request_ids``; ids without a group
+1. maps the request id to its group and sequence (``seer.request_ids``; ids without a group
    become singleton groups, i.e. per-request drafting);
 2. infers how many of its previous draft tokens were accepted (the row's sampled tokens are the
    accepted drafts plus one bonus token) and feeds Algorithm 1's acceptance statistics;
 3. appends the row's new tokens to the draft client (non-blocking; sent to DGDS in batches);
 4. drafts from the group's local replica, with a length per row from Algorithm 1
-   (``seer.dgds.adaptive``): probe requests (sample ``SEER_DGDS_PROBE_INDEX``) are high priority.
+   (``seer.dgds.policy.adaptive``): probe requests (sample ``SEER_DGDS_PROBE_INDEX``) are high priority.
 
 Nothing here may stop decoding: a DGDS outage means empty drafts, and any unexpected error in a
 step is logged once and answered with empty drafts.
@@ -35,14 +35,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from seer.dgds.adaptive import AdaptiveDraftLength
-from seer.dgds.draft_length import DraftLengths
-from seer.dgds.proposer_settings import ProposerSettings, settings_from
-from seer.dgds.request_ids import RequestRef, parse_request_id
+from seer.dgds.policy.adaptive import AdaptiveDraftLength
+from seer.dgds.policy.draft_length import DraftLengths
+from seer.dgds.vllm.settings import ProposerSettings, settings_from
+from seer.request_ids import RequestRef, parse_request_id
 from seer.dgds.types import DraftParams, SpeculateRow
-from seer.dgds.vllm_cpu_fixes import apply_cpu_sampling_fixes
+from seer.compat.vllm_cpu_fixes import apply_cpu_sampling_fixes
 
-log = logging.getLogger("seer.dgds.vllm_proposer")
+log = logging.getLogger("seer.dgds.vllm.proposer")
 _DEBUG = open(os.environ["SEER_DGDS_DEBUG_LOG"], "a") if os.environ.get("SEER_DGDS_DEBUG_LOG") else None
 
 
@@ -76,7 +76,7 @@ class DgdsProposer:
 
     def __init__(self, vllm_config: Any, settings: ProposerSettings | None = None):
         # vLLM 0.32's CPU rejection sampler samples drafted positions from a garbage temperature;
-        # this runs in the worker, after vLLM registered its CPU kernels (seer.dgds.vllm_cpu_fixes)
+        # this runs in the worker, after vLLM registered its CPU kernels (seer.compat.vllm_cpu_fixes)
         apply_cpu_sampling_fixes()
         spec = vllm_config.speculative_config
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -89,11 +89,11 @@ class DgdsProposer:
         self._embedded = None
         address = s.address
         if address is None:
-            from seer.dgds.server import DgdsServer
+            from seer.dgds.server.grpc_server import DgdsServer
 
             self._embedded = DgdsServer("127.0.0.1", 0, max_workers=2).start()
             address = self._embedded.address
-        from seer.dgds.client import DraftClient
+        from seer.dgds.server.client import DraftClient
 
         self.client = DraftClient(
             address,
@@ -123,7 +123,7 @@ class DgdsProposer:
             self._runner = _calling_runner(self)
 
     def bind_runner(self, runner: Any) -> None:
-        """Explicit binding (``seer.dgds.vllm_worker``): the runner whose ``input_batch`` row i is."""
+        """Explicit binding (``seer.dgds.vllm.worker``): the runner whose ``input_batch`` row i is."""
         self._runner = runner
 
     def propose(
@@ -152,7 +152,7 @@ class DgdsProposer:
         if self._runner is None:
             self._runner = _calling_runner(self)
             if self._runner is None:
-                raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm_worker...")
+                raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm.worker...")
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         s = self.settings

@@ -7,7 +7,6 @@ turning it on never changes what the policy would have produced.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
@@ -16,12 +15,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seer.dgds.config import DGDSConfig
+from seer.dgds.server.config import DGDSConfig
+from seer.dgds.vllm import speculative_config
 from seer.types import LaunchSpec
 from seer.procs import free_port
 from seer.procs import GuardedProcess
-
-PROPOSER = "seer.dgds.vllm_proposer.DgdsProposer"
 
 
 class DGDSStartError(RuntimeError):
@@ -60,7 +58,7 @@ class DGDSService:
         port = free_port(config.host)
         proc = GuardedProcess(
             "seer-dgds",
-            [sys.executable, "-m", "seer.dgds.cli", "serve", "--host", config.host, "--port", str(port),
+            [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--host", config.host, "--port", str(port),
              "--max-depth", str(config.max_depth), "--log-level", "WARNING"],
             Path(log_dir) / "dgds.log",
         )
@@ -81,7 +79,7 @@ class DGDSService:
         if not self.enabled:
             return spec
         c = self.config
-        flag = json.dumps({"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": c.num_speculative_tokens})
+        flag = speculative_config(c.num_speculative_tokens)
         env = {"SEER_DGDS_ADDRESS": self.address, "SEER_DGDS_MODE": c.mode, "SEER_DGDS_ADAPTIVE": "1" if c.adaptive else "0"}
         return replace(spec, extra_args=(*spec.extra_args, "--speculative-config", flag), env={**env, **spec.env})
 

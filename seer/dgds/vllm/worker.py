@@ -1,11 +1,11 @@
 """Optional vLLM worker classes that hand the model runner to the DGDS proposer explicitly.
 
-The proposer finds its runner on its own (``seer.dgds.vllm_proposer._calling_runner``); these
+The proposer finds its runner on its own (``seer.dgds.vllm.proposer._calling_runner``); these
 classes exist for deployments that would rather not rely on that, or whose vLLM build calls the
-proposer from somewhere else. Use ``--worker-cls seer.dgds.vllm_worker.DgdsCPUWorker`` (CPU
-backend) or ``seer.dgds.vllm_worker.DgdsGPUWorker`` (CUDA backend). Each is resolved lazily, so
+proposer from somewhere else. Use ``--worker-cls seer.dgds.vllm.worker.DgdsCPUWorker`` (CPU
+backend) or ``seer.dgds.vllm.worker.DgdsGPUWorker`` (CUDA backend). Each is resolved lazily, so
 importing this module never imports the other backend's worker. Both apply
-``seer.dgds.vllm_cpu_fixes`` (vLLM 0.32's CPU rejection sampler bug), whatever the proposer.
+``seer.compat.vllm_cpu_fixes`` (vLLM 0.32's CPU rejection sampler bug), whatever the proposer.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _bind(worker: Any) -> None:
 def _worker_class(base: type) -> type:
     class _DgdsWorker(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            from seer.dgds.vllm_cpu_fixes import apply_cpu_sampling_fixes
+            from seer.compat.vllm_cpu_fixes import apply_cpu_sampling_fixes
 
             apply_cpu_sampling_fixes()  # also for other speculative methods (ngram, suffix, ...)
             super().__init__(*args, **kwargs)

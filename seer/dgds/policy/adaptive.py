@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from seer.dgds.draft_length import AcceptanceStats, DraftLengths, plan_draft_lengths
+from seer.dgds.policy.draft_length import AcceptanceStats, DraftLengths, plan_draft_lengths
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from seer.dgds.suffix_tree import Node, SuffixTree
+from seer.dgds.tree.suffix_tree import Node, SuffixTree
 from seer.dgds.types import DraftParams, DraftPath
 
 

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from seer.dgds.drafting import draft
-from seer.dgds.suffix_tree import SuffixTree
+from seer.dgds.tree.drafting import draft
+from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import Draft, DraftParams, Segment
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from seer.dgds.suffix_tree import SuffixTree
+from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import Segment
 
 
