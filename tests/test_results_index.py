@@ -1,0 +1,309 @@
+"""The recorded benchmark results and the docs that quote them agree (no vLLM, no model).
+
+`bench/results/README.md` indexes every recorded file; the README's and docs' result tables are
+parsed row by row and each number is compared with the recorded JSON, at the precision shown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+INDEX = RESULTS / "README.md"
+IGNORED_DIRS = {"logs", "kvpool"}  # run-time output the benches write next to results (.gitignore)
+
+
+# ---------------------------------------------------------------- markdown helpers
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def tables(text: str) -> list[tuple[int, list[str], list[list[str]]]]:
+    """Every pipe table in `text`: (line number of its header, header cells, body rows)."""
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines) - 1:
+        if lines[i].lstrip().startswith("|") and re.fullmatch(r"\s*\|(\s*:?-+:?\s*\|)+\s*", lines[i + 1]):
+            header, rows, j = cells(lines[i]), [], i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                rows.append(cells(lines[j]))
+                j += 1
+            out.append((i, header, rows))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def table_after(path: Path, anchor: str, header_starts: str) -> tuple[list[str], list[list[str]]]:
+    """The first table after the line containing `anchor` whose header starts with `header_starts`."""
+    text = path.read_text()
+    lines = text.splitlines()
+    at = [n for n, line in enumerate(lines) if anchor in line]
+    assert at, f"{path.name}: no line contains {anchor!r}"
+    for start, header, rows in tables(text):
+        if start > at[0] and " | ".join(header).startswith(header_starts):
+            return header, rows
+    raise AssertionError(f"{path.name}: no table starting {header_starts!r} after {anchor!r}")
+
+
+NUM = re.compile(r"(?<![A-Za-z\d.])-?\d[\d,]*(?:\.\d+)?")  # not the 50 of "p50"
+
+
+def numbers(cell: str) -> list[tuple[float, int]]:
+    """The numbers in a cell with their decimals shown: '2803 (2638-3060)' -> [(2803, 0), (2638, 0), (3060, 0)]."""
+    out = []
+    for m in NUM.finditer(cell.replace("**", "").replace("−", "-")):
+        s = m.group().replace(",", "")
+        if s.startswith("-") and m.start() > 0:  # a range's dash, not a sign
+            s = s[1:]
+        out.append((float(s), len(s.split(".")[1]) if "." in s else 0))
+    return out
+
+
+def agrees(cell: str, expected: list[float], what: str, scale: float = 1.0) -> None:
+    """Each number of `cell` equals the matching expected value at the precision the cell shows."""
+    got = numbers(cell)
+    assert got, f"{what}: {cell!r} shows no number"
+    for (v, dec), e in zip(got, expected):  # a cell may show fewer (a mean without its range)
+        e = e * scale
+        assert abs(v - e) <= 0.5 * 10 ** -dec + 1e-9, f"{what}: {cell!r} shows {v}, the recorded file has {e:.4f}"
+
+
+def label(cell: str) -> str:
+    return cell.replace("**", "").strip()
+
+
+# ---------------------------------------------------------------- the index
+
+def index_rows() -> list[dict[str, str]]:
+    header, rows = table_after(INDEX, "# Recorded benchmark results", "bench | files | date | commit")
+    return [dict(zip(header, r)) for r in rows]
+
+
+def indexed_files() -> list[str]:
+    return [f for row in index_rows() for f in re.findall(r"`([^`]+)`", row["files"])]
+
+
+def recorded_files() -> list[str]:
+    out = []
+    for p in RESULTS.rglob("*"):
+        rel = p.relative_to(RESULTS)
+        if p.is_file() and not IGNORED_DIRS & set(rel.parts[:-1]) and rel.as_posix() != "README.md":
+            out.append(rel.as_posix())
+    return sorted(out)
+
+
+def test_every_recorded_file_is_indexed_and_every_indexed_file_exists():
+    listed = indexed_files()
+    assert len(listed) == len(set(listed)), "a file is listed twice"
+    missing = sorted(set(recorded_files()) - set(listed))
+    assert not missing, f"files under bench/results/ that bench/results/README.md does not list: {missing}"
+    absent = sorted(f for f in listed if not (RESULTS / f).is_file())
+    assert not absent, f"bench/results/README.md lists files that do not exist: {absent}"
+
+
+def test_index_rows_name_a_date_a_commit_a_status_and_a_command():
+    rows = index_rows()
+    assert len(rows) >= 8
+    for row in rows:
+        assert re.fullmatch(r"20\d\d-\d\d-\d\d", row["date"]), row
+        assert re.fullmatch(r"[0-9a-f]{7,40}", row["commit"]), row
+        assert row["status"] in ("current", "stale"), row
+        assert re.fullmatch(r"`python (-m bench\.|bench/)\S.*`", row["command"]), row
+
+
+def test_the_readme_cites_only_indexed_files():
+    """The README's result links point at indexed files and existing folders."""
+    readme = (ROOT / "README.md").read_text()
+    listed = set(indexed_files()) | {"README.md"}
+    cited = set(re.findall(r"bench/results/([\w./-]+\.(?:md|json|png))", readme))
+    assert cited, "README cites no recorded file"
+    assert cited <= listed, f"README cites files the index does not list: {sorted(cited - listed)}"
+    folders = set(re.findall(r"bench/results/([\w/-]+)/", readme))
+    assert all((RESULTS / f).is_dir() for f in folders), f"README cites missing folders: {sorted(folders)}"
+
+
+def load(rel: str) -> dict:
+    return json.loads((RESULTS / rel).read_text())
+
+
+# ---------------------------------------------------------------- seer-bench compare
+
+COMPARE_COLUMNS = {  # header -> the recorded values a cell shows (in order), and a scale
+    "output tok/s (min-max)": (("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"), 1.0),
+    "vs baseline (min-max)": (("ratio", "ratio_min", "ratio_max"), 1.0),
+    "wall s": (("wall_s",), 1.0),
+    "tail s (min-max)": (("tail_s", "tail_s_min", "tail_s_max"), 1.0),
+    "idle": (("idle_fraction",), 100.0),
+    "preemptions": (("preemptions",), 1.0),
+    "chunks (migrated)": (("chunks_dispatched", "chunks_migrated"), 1.0),
+    "output tokens": (("output_tokens",), 1.0),
+    "acceptance length": (("mean_acceptance_length",), 1.0),
+}
+
+
+def check_compare_table(doc: Path, anchor: str, recorded: str, min_rows: int) -> None:
+    header, rows = table_after(doc, anchor, "configuration | output tok/s")
+    configs = {r["label"]: r for r in load(recorded)["configs"].values()}
+    assert len(rows) >= min_rows
+    for row in rows:
+        name = label(row[0])
+        assert name in configs, f"{doc.name}: row {name!r} is not a configuration of {recorded}"
+        rec = configs[name]
+        for col, cell in zip(header[1:], row[1:]):
+            if col not in COMPARE_COLUMNS:
+                continue
+            keys, scale = COMPARE_COLUMNS[col]
+            if rec.get(keys[0]) is None:
+                assert cell.strip() == "-", f"{doc.name} {name} {col}: {cell!r}, recorded none"
+                continue
+            agrees(cell, [rec[k] for k in keys], f"{doc.name} {name} {col}", scale)
+
+
+def test_readme_compare_ladder_matches_the_recording():
+    check_compare_table(ROOT / "README.md", "## Seer vs the baseline", "compare/compare.json", 5)
+
+
+def test_bench_doc_compare_tables_match_the_recordings():
+    check_compare_table(ROOT / "docs" / "bench.md", "### The default long-tail workload", "compare/compare.json", 5)
+    check_compare_table(ROOT / "docs" / "bench.md", "### 16 groups: bound by one response",
+                        "compare/run_iteration/compare.json", 2)
+
+
+def test_compare_recordings_say_what_the_docs_say_of_their_setup():
+    """The packing run: 2 instances per configuration, 2 repeats (the README once said four)."""
+    s = load("compare/packing/compare.json")["settings"]
+    assert (s["instances"], s["repeats"], s["groups"]) == (2, 2, 32)
+    readme = (ROOT / "README.md").read_text()
+    assert "four instances" not in readme
+
+
+# ---------------------------------------------------------------- DGDS
+
+@pytest.mark.parametrize("doc,anchor", [("README.md", "**(a) Acceptance by number of group references**"),
+                                        ("docs/dgds.md", "### (a) Offline acceptance")])
+def test_dgds_acceptance_tables_match_the_recording(doc, anchor):
+    header, rows = table_after(ROOT / doc, anchor, "group references n | linear")
+    rec = load("dgds_acceptance/dgds_acceptance.json")["mean_acceptance_length"]
+    modes = {"linear": "linear", "multi-path k=2": "k=2", "multi-path k=4": "k=4"}
+    assert {r[0] for r in rows} == set(rec), f"{doc}: rows {[r[0] for r in rows]} vs recorded n {sorted(rec)}"
+    for row in rows:
+        for col, cell in zip(header[1:], row[1:]):
+            if col in modes:
+                agrees(cell, [rec[row[0]][modes[col]]], f"{doc} n={row[0]} {col}")
+    ngram = load("dgds_acceptance/dgds_acceptance.json")["vllm_ngram"]["mean_acceptance_length"]
+    assert f"{ngram:.2f}" in (ROOT / doc).read_text()
+
+
+def test_readme_hot_path_table_matches_the_recording():
+    header, rows = table_after(ROOT / "README.md", "**(b) Hot path**", "operation | Seer")
+    rec = load("dgds_hotpath/dgds_hotpath.json")
+    arctic = rec["arctic"]
+    by_label = {label(r[0]): r for r in rows}
+
+    def row(prefix: str) -> list[str]:
+        hits = [r for name, r in by_label.items() if name.startswith(prefix)]
+        assert len(hits) == 1, f"README hot-path table: {len(hits)} rows start with {prefix!r}"
+        return hits[0]
+
+    ta, tp = rec["tree_append"], rec["tree_append_python"]
+    r = row("append, compiled core")
+    agrees(r[1], [ta["us_per_token"], ta["us_per_token_median"]], "append compiled, Seer")
+    agrees(r[2], [arctic["group"]["us_per_token"], arctic["group"]["us_per_token_median"]], "append, Arctic")
+    agrees(r[3], [rec["arctic_reference_us"]["append_per_token"]], "append, published")
+    agrees(row("append, pure-Python")[1], [tp["us_per_token"], tp["us_per_token_median"]], "append python")
+    agrees(row("append as its vLLM integration")[2],
+           [arctic["cache"]["us_per_token"], arctic["cache"]["us_per_token_median"]], "append, Arctic cache")
+    lin, k4 = rec["speculate_linear"], rec["speculate_k4"]
+    r = row("`batch_speculate`, 256 requests, linear")
+    agrees(r[1], [lin["p50_ms"], lin["us_per_spec_token"]], "speculate linear, Seer")
+    a = arctic["group"]["speculate_linear"]
+    agrees(r[2], [a["p50_ms"], a["us_per_spec_token"]], "speculate linear, Arctic")
+    agrees(r[3], [rec["arctic_reference_us"]["speculate_per_token"]], "speculate, published")
+    r = row("`batch_speculate`, 256 requests, top-4")
+    agrees(r[1], [k4["p50_ms"], k4["us_per_spec_token"]], "speculate top-4, Seer")
+    a = arctic["group"]["speculate_tree"]
+    agrees(r[2], [a["p50_ms"], a["us_per_spec_token"]], "speculate tree, Arctic")
+    agrees(row("`fetch_cst`")[1], [rec["service"]["fetch_cst"]["p50_ms"]], "fetch_cst")
+    agrees(row("`UpdateCst`")[1], [rec["service"]["update_cst"]["tokens_per_s"]], "UpdateCst")
+
+
+def test_readme_hot_path_rounds_are_the_recorded_ones():
+    ab = load("dgds_hotpath/dgds_hotpath.json")["ab"]
+    text = (ROOT / "README.md").read_text()
+    spec_rounds = {len(v["ratio"]) for v in ab["speculate_ms"].values()}
+    append_rounds = {len(v["ratio"]) for v in ab["append_us"].values()}
+    assert len(spec_rounds) == len(append_rounds) == 1
+    (n_spec,), (n_append,) = spec_rounds, append_rounds
+    m = re.search(r"medians of (\d+) interleaved A/B rounds of drafting and (\d+) of appends", text)
+    assert m, "README's hot-path paragraph no longer states the A/B rounds as expected"
+    assert (int(m.group(1)), int(m.group(2))) == (n_spec, n_append)
+
+
+def test_readme_end_to_end_table_matches_the_recording():
+    header, rows = table_after(ROOT / "README.md", "**(c) End to end on real vLLM instances**", "drafting | output tokens/s")
+    rec = load("dgds_e2e/dgds_e2e.json")
+    phases = {p["name"]: p for p in rec["phases"]}
+    names = {"group (Seer)": "group", "per-request only": "per-request", "none": "none"}
+    assert {label(r[0]) for r in rows} == set(names)
+    for row in rows:
+        p = phases[names[label(row[0])]]
+        for col, cell in zip(header[1:], row[1:]):
+            what = f"README (c) {label(row[0])} {col}"
+            if col == "output tokens/s":
+                agrees(cell, [p["tokens_per_s"]], what)
+            elif col.startswith("vs none"):
+                order = [q["name"] for q in rec["phases"]]  # each repeat lists its phases in this order
+                mine, none = order.index(p["name"]), order.index("none")
+                per = [rep[mine]["tokens_per_s"] / rep[none]["tokens_per_s"] for rep in rec["per_repeat"]]
+                agrees(cell, [rec["tokens_per_s_vs_none"][p["name"]]] + (per if "(" in cell else []), what)
+            elif col == "mean acceptance length":
+                if p["mean_acceptance_length"] is None:
+                    assert cell == "-", what
+                else:
+                    agrees(cell, [p["mean_acceptance_length"]], what)
+            elif col == "acceptance rate":
+                if p["acceptance_rate"] is None:
+                    assert cell == "-", what
+                else:
+                    agrees(cell, [p["acceptance_rate"]], what)
+            elif col == "output tokens":
+                agrees(cell, [p["output_tokens"]], what)
+            elif col == "wall s":
+                agrees(cell, [p["wall_s"]], what)
+
+
+# ---------------------------------------------------------------- bench.sim
+
+SCENARIOS = {"Moonlight": "moonlight", "Qwen2-VL-72B": "qwen2vl72b", "Kimi-K2": "kimik2"}
+
+
+def test_sim_ablation_table_matches_the_recording():
+    header, rows = table_after(ROOT / "docs" / "bench.md", "### Current result", "scenario | divided | context")
+    rec = load("sim/sim_ablation.json")["scenarios"]
+    cols = {"divided": "divided", "context": "context", "grouped SD": "grouped_sd", "oracle": "oracle"}
+    assert len(rows) == 3
+    for row in rows:
+        name = SCENARIOS[label(row[0]).split(" (")[0]]
+        configs = rec[name]["configs"]
+        for col, cell in zip(header[1:], row[1:]):
+            if col in cols:
+                agrees(cell, [configs[cols[col]]["ratio"]], f"docs/bench.md sim {name} {col}")
+            elif col == "context / oracle":
+                agrees(cell, [configs["context"]["tokens_per_s"] / configs["oracle"]["tokens_per_s"]],
+                       f"docs/bench.md sim {name} {col}")
+
+
+def test_readme_quotes_the_simulated_full_seer_of_the_recording():
+    rec = load("sim/sim_ablation.json")["scenarios"]
+    m = re.search(r"Full Seer simulates at ([\d.]+)x /\s+([\d.]+)x /\s+([\d.]+)x", (ROOT / "README.md").read_text())
+    assert m, "README no longer quotes the simulated full Seer"
+    for got, name in zip(m.groups(), ("moonlight", "qwen2vl72b", "kimik2")):
+        agrees(got, [rec[name]["configs"]["grouped_sd"]["ratio"]], f"README full Seer {name}")
