@@ -21,7 +21,8 @@ from seer.dgds.server.config import DGDSConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
-from seer.tasks.dataset import TaskConfig
+from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
+from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.trainer.config import TrainerConfig
 
 
@@ -51,6 +52,17 @@ class RolloutConfig:
     sampling_seed: int | None = None
     reward_workers: int = 2
     reward_error_policy: Literal["zero", "abort"] = "zero"
+    # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
+    # the GIL, in as many spawned processes. A call past reward_timeout_s (None: no limit) scores
+    # as a reward error (0, or the iteration aborts, by reward_error_policy) instead of stalling.
+    reward_mode: Literal["thread", "process"] = "thread"
+    reward_timeout_s: float | None = None
+
+    def reward_runner(self, reward: str, decode=None) -> RewardRunner:
+        """The RewardRunner these `rollout.reward_*` settings describe, for `reward` ("module:function")."""
+        return RewardRunner(reward, max_workers=self.reward_workers, on_error=self.reward_error_policy,
+                            use_processes=self.reward_mode == "process", timeout_s=self.reward_timeout_s,
+                            decode=decode)
 
 
 @dataclass(frozen=True)
@@ -274,6 +286,8 @@ def validate(cfg: RunConfig) -> None:
     _require(r.temperature >= 0, "rollout.temperature", f"must be >= 0, got {r.temperature}")
     _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _require(r.reward_workers >= 1, "rollout.reward_workers", f"must be >= 1, got {r.reward_workers}")
+    if r.reward_timeout_s is not None:
+        _require(r.reward_timeout_s > 0, "rollout.reward_timeout_s", f"must be > 0 (or null: no limit), got {r.reward_timeout_s}")
     i = cfg.instances
     if not i.urls:
         cores = len(os.sched_getaffinity(0))
@@ -296,7 +310,19 @@ def validate(cfg: RunConfig) -> None:
              f"{s.policy} needs true lengths from a previous run and is for benchmarks only (seer-bench)")
     _require(cfg.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {cfg.train.checkpoint_every}")
     t = cfg.task
+    _require(t.dataset is None or t.loader is None, "task.loader",
+             "set task.dataset (a JSONL file) or task.loader (a function returning records), not both")
+    _require(t.loader is not None or not t.loader_args, "task.loader_args", "given without task.loader")
     if t.dataset is not None:
         _require(Path(t.dataset).is_file(), "task.dataset", f"{t.dataset} does not exist")
         _require(bool(t.reward), "task.reward", "a JSONL dataset needs a reward function 'module:function'")
+    try:  # plug-ins resolve now, not minutes into the run
+        if t.loader is not None:
+            _require(bool(t.reward), "task.reward", "a task.loader dataset needs a reward function 'module:function'")
+            resolve_loader(t.loader, t.loader_args)
+        if t.reward:
+            resolve_reward_fn(t.reward)
+        chat_template_text(t.chat_template)
+    except (DatasetError, RewardSpecError) as e:
+        raise ConfigError(str(e)) from None
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")

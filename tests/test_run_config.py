@@ -1,6 +1,8 @@
 """Run-config defaults that depend on what is trained."""
 
-from seer.config import EMBEDDED_MODEL_TRAINER, load_config
+import pytest
+
+from seer.config import EMBEDDED_MODEL_TRAINER, ConfigError, load_config
 from seer.tasks import TaskConfig
 from seer.trainer.config import TrainerConfig
 
@@ -26,3 +28,26 @@ def test_partial_section_keeps_the_run_defaults_for_that_section():
     assert cfg.trainer.mini_batches == EMBEDDED_MODEL_TRAINER["mini_batches"] != TrainerConfig.mini_batches
     assert cfg.trainer.lr == 0
     assert cfg.scheduler.chunk_size == plain.scheduler.chunk_size and cfg.scheduler.policy == "divided"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["task.loader=tests.plugins_for_tests:sums"], "task.reward"),
+    (["task.loader=tests.plugins_for_tests:sums", "task.dataset=README.md", "task.reward=seer.tasks.running_sum:score"],
+     "task.loader"),
+    (["task.loader_args.n=3"], "task.loader_args"),
+    (["task.loader=tests.plugins_for_tests:nothing_here", "task.reward=seer.tasks.running_sum:score"], "task.loader"),
+    (["task.loader=tests.plugins_for_tests:sums", "task.loader_args.rows=3", "task.reward=seer.tasks.running_sum:score"],
+     "task.loader_args"),
+    (["task.chat_template=no/such/template.jinja"], "task.chat_template"),
+])
+def test_task_plug_points_are_checked_at_load_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(overrides=overrides)
+
+
+def test_a_loader_and_a_chat_template_by_key():
+    cfg = load_config(overrides=["task.loader=tests.plugins_for_tests:chats", "task.loader_args.n=5",
+                                 "task.reward=tests.plugins_for_tests:reward_by_length",
+                                 "task.chat_template={{ messages[0]['content'] }}"])
+    assert (cfg.task.loader, cfg.task.loader_args, cfg.task.chat_template) == (
+        "tests.plugins_for_tests:chats", {"n": 5}, "{{ messages[0]['content'] }}")

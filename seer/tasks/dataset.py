@@ -1,17 +1,26 @@
-"""Task datasets: the built-in running-sum family or a user's JSONL file, and prompt encoding.
+"""Task datasets: the built-in running-sum family, a user's JSONL file or loader function, and prompt encoding.
 
 A task is prompts plus the reward function that scores them; the reward is named by a
 `module:function` string (so it can travel to a worker process and into a run's config).
+
+A record (a JSONL line, or a mapping a `task.loader` function returns) holds its prompt under
+`task.prompt_field` ("prompt"), or a chat under `messages` ([{role, content}, ...]), which is
+rendered with the tokenizer's chat template (or `task.chat_template`); every other key is the
+reference handed to the reward function.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from seer.plugins import PluginError, check_arguments, resolve
 from seer.types import PromptSpec
 from seer.tasks.reward import RewardFn, resolve_reward_fn
 from seer.tasks.running_sum import RunningSumConfig, generate_problems
@@ -21,7 +30,7 @@ RUNNING_SUM_REWARD = "seer.tasks.running_sum:score"
 
 
 class DatasetError(ValueError):
-    """A dataset that cannot be loaded; the message names the file and line."""
+    """A dataset that cannot be loaded; the message names the file and line (a loader's record index)."""
 
 
 class PromptTooLongError(ValueError):
@@ -37,21 +46,33 @@ class PromptTooLongError(ValueError):
 
 @dataclass(frozen=True)
 class TaskRecord:
-    """One prompt before tokenization."""
+    """One prompt before tokenization: its text, or chat `messages` to render with a chat template."""
 
     index: int
-    text: str
+    text: str  # "" for a chat record
     reference: dict
+    messages: tuple[dict, ...] | None = None  # [{role, content}, ...] instead of text
+    # The jinja template `messages` are rendered with (task.chat_template); None: the tokenizer's own.
+    chat_template: str | None = None
+    source: str = ""  # where the record came from ("data.jsonl:3", "task.loader 'pkg:fn' record 2"), for errors
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """What the run config says about the task. `dataset` set means a user JSONL task."""
+    """What the run config says about the task: a user task (`dataset` or `loader`, and then a
+    `reward`), or the built-in `name` when neither is set."""
 
     name: str = "running_sum"
     dataset: str | None = None  # path of a JSONL file; then `reward` is required
+    # "module:function" returning the dataset's records (a list of mappings shaped like JSONL lines),
+    # called with `loader_args` as keywords; instead of `dataset`, and `reward` is required
+    loader: str | None = None
+    loader_args: dict[str, Any] = field(default_factory=dict)
     reward: str | None = None  # "module:function"; defaults to the built-in task's reward
     prompt_field: str = "prompt"
+    # For records with `messages`: a jinja chat template, or the path of a file holding one; None:
+    # the tokenizer's own (an error if it has none)
+    chat_template: str | None = None
     num_prompts: int = 256  # built-in task only
     seed: int = 0  # built-in task only
     median_steps: float = 18.0  # built-in task only: median reasoning steps per prompt
@@ -68,13 +89,25 @@ class Task:
 
 def load_task(cfg: TaskConfig) -> Task:
     """The task a run config describes, with its reward function already resolved (fails early)."""
-    if cfg.dataset is not None:
+    if cfg.dataset is not None and cfg.loader is not None:
+        raise DatasetError("set task.dataset (a JSONL file) or task.loader (a function), not both")
+    if cfg.loader_args and cfg.loader is None:
+        raise DatasetError("task.loader_args are the arguments of task.loader, which is not set")
+    if cfg.dataset is not None or cfg.loader is not None:
+        what = f"dataset {cfg.dataset}" if cfg.dataset is not None else f"task.loader {cfg.loader!r}"
         if not cfg.reward:
-            raise DatasetError(f"dataset {cfg.dataset} needs a reward function: set task.reward to 'module:function'")
-        records = load_jsonl(cfg.dataset, prompt_field=cfg.prompt_field)
-        return Task(Path(cfg.dataset).stem, records, cfg.reward, resolve_reward_fn(cfg.reward))
+            raise DatasetError(f"{what} needs a reward function: set task.reward to 'module:function'")
+        template = chat_template_text(cfg.chat_template)
+        if cfg.dataset is not None:
+            records = load_jsonl(cfg.dataset, prompt_field=cfg.prompt_field, chat_template=template)
+            name = Path(cfg.dataset).stem
+        else:
+            records = load_records(cfg.loader, cfg.loader_args, prompt_field=cfg.prompt_field, chat_template=template)
+            name = cfg.loader.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        return Task(name, records, cfg.reward, resolve_reward_fn(cfg.reward))
     if cfg.name not in BUILTIN_TASKS:
-        raise DatasetError(f"unknown built-in task {cfg.name!r}; known: {', '.join(BUILTIN_TASKS)} (or set task.dataset)")
+        raise DatasetError(f"unknown built-in task {cfg.name!r}; known: {', '.join(BUILTIN_TASKS)} "
+                           "(or set task.dataset or task.loader)")
     records = running_sum_records(
         RunningSumConfig(num_prompts=cfg.num_prompts, seed=cfg.seed, median_steps=cfg.median_steps, sigma=cfg.sigma)
     )
@@ -82,12 +115,58 @@ def load_task(cfg: TaskConfig) -> Task:
     return Task(cfg.name, records, reward, resolve_reward_fn(reward))
 
 
+def resolve_loader(spec: str, args: Mapping[str, Any] = {}):
+    """The `task.loader` function, checked to take `task.loader_args` (DatasetError naming the key)."""
+    try:
+        fn = resolve(spec, key="task.loader")
+        check_arguments(fn, args, key="task.loader_args")
+    except PluginError as e:
+        raise DatasetError(str(e)) from None
+    return fn
+
+
+def load_records(spec: str, args: Mapping[str, Any] = {}, *, prompt_field: str = "prompt",
+                 chat_template: str | None = None) -> list[TaskRecord]:
+    """Call the `task.loader` function `spec` with `args` and check what it returns, naming the
+    record index and the field of any malformed record (as a JSONL line gets file:line)."""
+    fn = resolve_loader(spec, args)
+    try:
+        out = fn(**args)
+    except Exception as e:  # the user's function may raise anything
+        raise DatasetError(f"task.loader {spec!r} raised {type(e).__name__}: {e}") from e
+    if isinstance(out, (str, bytes, Mapping)) or not hasattr(out, "__iter__"):
+        raise DatasetError(f"task.loader {spec!r} returned a {type(out).__name__}; expected a list of records "
+                           f"(mappings with {prompt_field!r} or 'messages')")
+    records = [parse_record(obj, f"task.loader {spec!r} record {i}", i, prompt_field, chat_template)
+               for i, obj in enumerate(out)]
+    if not records:
+        raise DatasetError(f"task.loader {spec!r} returned no records")
+    return records
+
+
+def chat_template_text(value: str | None) -> str | None:
+    """`task.chat_template`: a jinja template as is, or the path of a file holding one."""
+    if value is None:
+        return None
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise DatasetError(f"task.chat_template {value!r} is neither a jinja template (no '{{{{' or '{{%') "
+                           "nor an existing file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"task.chat_template: cannot read {path}: {e.strerror}") from None
+
+
 def running_sum_records(cfg: RunningSumConfig) -> list[TaskRecord]:
     return [TaskRecord(i, p.text, p.reference) for i, p in enumerate(generate_problems(cfg))]
 
 
-def load_jsonl(path: str | os.PathLike, *, prompt_field: str = "prompt") -> list[TaskRecord]:
-    """One JSON object per non-blank line; `prompt_field` is the prompt, every other key the reference."""
+def load_jsonl(path: str | os.PathLike, *, prompt_field: str = "prompt",
+               chat_template: str | None = None) -> list[TaskRecord]:
+    """One JSON object per non-blank line; `prompt_field` (or `messages`) is the prompt, every other key the reference."""
     records = []
     try:
         f = open(path, encoding="utf-8")
@@ -102,46 +181,104 @@ def load_jsonl(path: str | os.PathLike, *, prompt_field: str = "prompt") -> list
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            if prompt_field not in obj:
-                raise DatasetError(f"{where}: missing the prompt field {prompt_field!r}")
-            text = obj.pop(prompt_field)
-            if not isinstance(text, str) or not text:
-                raise DatasetError(f"{where}: the prompt field {prompt_field!r} must be a non-empty string")
-            records.append(TaskRecord(len(records), text, obj))
+            records.append(parse_record(obj, where, len(records), prompt_field, chat_template))
     if not records:
         raise DatasetError(f"{path}: the dataset has no prompts")
     return records
 
 
+def parse_record(obj: Any, where: str, index: int, prompt_field: str = "prompt",
+                 chat_template: str | None = None) -> TaskRecord:
+    """A JSONL line's object or a loader's mapping as a TaskRecord; DatasetError naming `where` and the field."""
+    if not isinstance(obj, Mapping):
+        raise DatasetError(f"{where}: expected a JSON object (a mapping), got {type(obj).__name__}")
+    ref = dict(obj)
+    if prompt_field in ref and "messages" in ref:
+        raise DatasetError(f"{where}: has both the prompt field {prompt_field!r} and 'messages'; keep one")
+    if "messages" in ref:
+        return TaskRecord(index, "", ref, _messages(ref.pop("messages"), where), chat_template, where)
+    if prompt_field not in ref:
+        raise DatasetError(f"{where}: missing the prompt field {prompt_field!r} (or chat 'messages')")
+    text = ref.pop(prompt_field)
+    if not isinstance(text, str) or not text:
+        raise DatasetError(f"{where}: the prompt field {prompt_field!r} must be a non-empty string")
+    return TaskRecord(index, text, ref, source=where)
+
+
+def _messages(value: Any, where: str) -> tuple[dict, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DatasetError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping):
+            raise DatasetError(f"{where}: messages[{i}] must be an object with role and content, got {type(m).__name__}")
+        for k in ("role", "content"):
+            if not isinstance(m.get(k), str):
+                raise DatasetError(f"{where}: messages[{i}].{k} must be a string, got {m.get(k)!r}")
+    return tuple(dict(m) for m in value)
+
+
 def encode_prompts(records: list[TaskRecord], tokenizer, max_context: int, *, min_new_tokens: int = 1) -> list[PromptSpec]:
-    """Tokenize with the model's own tokenizer (its default special tokens, no chat template).
+    """Tokenize with the model's own tokenizer: a text prompt as is (its default special tokens,
+    no chat template); a chat record's `messages` rendered with its chat template (the record's,
+    from task.chat_template, else the tokenizer's) and a generation prompt.
 
     Rejects, naming the index, any prompt that leaves fewer than `min_new_tokens` positions of
     `max_context`: better at load time than as a failed request mid-iteration.
     """
     specs = []
     for r in records:
-        ids = list(tokenizer(r.text)["input_ids"])
+        if r.messages is not None:
+            text, ids = render_chat(r, tokenizer)
+        else:
+            text, ids = r.text, list(tokenizer(r.text)["input_ids"])
         if len(ids) + min_new_tokens > max_context:
             raise PromptTooLongError(r.index, len(ids), max_context)
-        specs.append(PromptSpec(index=r.index, text=r.text, prompt_ids=ids, reference=r.reference))
+        specs.append(PromptSpec(index=r.index, text=text, prompt_ids=ids, reference=r.reference))
     return specs
 
 
+def render_chat(record: TaskRecord, tokenizer) -> tuple[str, list[int]]:
+    """A chat record's prompt text and ids: apply_chat_template(messages, add_generation_prompt=True),
+    tokenized as apply_chat_template(tokenize=True) does (the template brings its own special tokens)."""
+    template = record.chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DatasetError(
+            f"{record.source or f'record {record.index}'}: a chat record ('messages'), but the tokenizer of "
+            f"{name} has no chat template; set task.chat_template: <path of a jinja file, or a jinja string>")
+    try:
+        text = tokenizer.apply_chat_template(list(record.messages), add_generation_prompt=True, tokenize=False,
+                                             chat_template=template)
+    except Exception as e:  # jinja errors: a template that does not fit the messages
+        raise DatasetError(f"{record.source or f'record {record.index}'}: rendering the chat template failed: "
+                           f"{type(e).__name__}: {e}") from e
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def iteration_prompts(prompts: list[PromptSpec], iteration: int, count: int, *, seed: int = 0) -> list[PromptSpec]:
-    """The `count` prompts of `iteration`: epochs over a seeded shuffle, so a resumed run gets the same ones."""
+    """The `count` prompts of `iteration`: epochs over a seeded shuffle, so a resumed run gets the same ones.
+
+    Draw position p = iteration * count + k is offset p mod n of epoch p // n, and each epoch
+    is its own seeded permutation of the n prompts: every prompt once per epoch, and the result
+    a pure function of (prompts, iteration, count, seed). An epoch's permutation is computed
+    once and cached, so a draw costs O(count) after the first one of its epoch.
+    """
     if not prompts:
         raise ValueError("no prompts")
-    out: list[PromptSpec] = []
+    n = len(prompts)
     start = iteration * count
+    out: list[PromptSpec] = []
     for pos in range(start, start + count):
-        epoch, offset = divmod(pos, len(prompts))
-        order = list(range(len(prompts)))
-        random.Random(f"epoch:{seed}:{epoch}").shuffle(order)
-        out.append(prompts[order[offset]])
+        epoch, offset = divmod(pos, n)
+        out.append(prompts[_epoch_order(n, seed, epoch)[offset]])
     return out
+
+
+@functools.lru_cache(maxsize=4)  # an iteration spans at most two epochs unless count exceeds the dataset
+def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(n))
+    random.Random(f"epoch:{seed}:{epoch}").shuffle(order)
+    return tuple(order)
 
 
 def max_context_of(model_dir: str | os.PathLike) -> int:
@@ -156,10 +293,15 @@ __all__ = [
     "Task",
     "TaskConfig",
     "TaskRecord",
+    "chat_template_text",
     "encode_prompts",
     "iteration_prompts",
     "load_jsonl",
+    "load_records",
     "load_task",
     "max_context_of",
+    "parse_record",
+    "render_chat",
+    "resolve_loader",
     "running_sum_records",
 ]

@@ -2,8 +2,13 @@
 
 Rewards run beside generation, as in the paper: the rollout hands each finished sample to
 the runner and keeps generating; the scores arrive on worker threads (or processes, for
-CPU-heavy rewards that should not hold the GIL). A reward function that raises marks its
-sample with `reward_error` and then either scores 0 or aborts the iteration, by policy.
+CPU-heavy rewards that should not hold the GIL). A reward function that raises, returns
+junk or runs past the per-sample timeout marks its sample with `reward_error` and then either
+scores 0 or aborts the iteration, by policy.
+
+The run config's settings: `rollout.reward_workers` (concurrent calls), `rollout.reward_mode`
+(thread | process), `rollout.reward_timeout_s` (per sample; None: no limit) and
+`rollout.reward_error_policy` (zero | abort).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import asyncio
 import concurrent.futures
 import math
 import multiprocessing
+import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -60,6 +67,17 @@ def _call_by_spec(spec: str, response_text: str, reference: dict) -> float:
     return call_reward(fn, response_text, reference)
 
 
+def _warm_worker(spec: str) -> None:
+    """Runs once per fresh worker process: the import is start-up, not the first sample's time."""
+    if spec not in _worker_fns:
+        _worker_fns[spec] = resolve_reward_fn(spec)
+
+
+def _settle(fut: asyncio.Future, ok: bool, value) -> None:
+    if not fut.done():  # not given up on (timed out, cancelled) meanwhile
+        fut.set_result(value) if ok else fut.set_exception(value)
+
+
 @dataclass
 class RewardStats:
     scored: int = 0
@@ -73,6 +91,12 @@ class RewardRunner:
     `reward` is a `module:function` spec or a callable (callables need threads: processes
     receive the spec and import it themselves). `decode` fills `response_text` from
     `response_ids` for samples that arrive without text.
+
+    At most `max_workers` calls run at once. `timeout_s` bounds each call's own run time (not
+    its wait for a worker): a call past it scores as an error and no longer holds a worker. A
+    thread cannot be stopped, so a timed-out thread call runs on, detached, until it returns;
+    a timed-out process call has its worker process killed (the pool is replaced, and calls
+    that were running in it start again in the new one). Neither holds up the rollout or close().
     """
 
     def __init__(
@@ -87,16 +111,21 @@ class RewardRunner:
     ):
         if on_error not in ("zero", "abort"):
             raise ValueError(f"on_error must be 'zero' or 'abort', not {on_error!r}")
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
         self._spec = reward if isinstance(reward, str) else None
         self._fn = resolve_reward_fn(reward) if isinstance(reward, str) else reward
         if use_processes and self._spec is None:
             raise ValueError("a process pool needs the reward as a 'module:function' spec")
+        self.max_workers = max_workers
         self._processes = use_processes
-        self._executor: concurrent.futures.Executor = (
-            concurrent.futures.ProcessPoolExecutor(max_workers, mp_context=multiprocessing.get_context("spawn"))
-            if use_processes
-            else concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="seer-reward")
-        )
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._warm: list[concurrent.futures.Future] = []
+        if use_processes:
+            self._pool = self._new_pool()
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self.on_error = on_error
         self.timeout_s = timeout_s
         self._decode = decode
@@ -107,25 +136,86 @@ class RewardRunner:
         """Set sample.reward (and reward_error on failure); raise RewardAborted under 'abort'."""
         if not sample.response_text and sample.response_ids and self._decode is not None:
             sample.response_text = self._decode(sample.response_ids)
-        loop = asyncio.get_running_loop()
-        if self._processes:
-            call = loop.run_in_executor(self._executor, _call_by_spec, self._spec, sample.response_text, sample.prompt.reference)
-        else:
-            call = loop.run_in_executor(self._executor, call_reward, self._fn, sample.response_text, sample.prompt.reference)
-        t0 = time.monotonic()
+        text, ref = sample.response_text, sample.prompt.reference
         try:
-            sample.reward = await asyncio.wait_for(call, self.timeout_s)
-            sample.reward_error = None
+            async with self._semaphore():
+                t0 = time.monotonic()
+                try:
+                    sample.reward = await (self._in_process(text, ref) if self._processes else self._in_thread(text, ref))
+                    sample.reward_error = None
+                finally:
+                    self.stats.busy_s += time.monotonic() - t0
         except asyncio.TimeoutError:
             self._fail(sample, f"TimeoutError: reward took longer than {self.timeout_s} s")
         except Exception as e:  # the user's function may raise anything
             self._fail(sample, f"{type(e).__name__}: {e}")
         finally:
             self.stats.scored += 1
-            self.stats.busy_s += time.monotonic() - t0
         if sample.reward_error is not None and self.on_error == "abort":
             raise RewardAborted(sample)
         return sample
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        """The worker slots, one set per event loop (the loop runs an asyncio.run per iteration)."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.max_workers))
+        return self._slots[1]
+
+    async def _in_thread(self, text: str, reference: dict) -> float:
+        """One call on its own daemon thread, so that one past its timeout can be left behind."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def target() -> None:
+            try:
+                outcome = (True, call_reward(self._fn, text, reference))
+            except BaseException as e:  # handed to the awaiting coroutine
+                outcome = (False, e)
+            try:
+                loop.call_soon_threadsafe(_settle, fut, *outcome)
+            except RuntimeError:  # the loop has closed: nobody waits for this any more
+                pass
+
+        threading.Thread(target=target, name="seer-reward", daemon=True).start()
+        return await asyncio.wait_for(fut, self.timeout_s)
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
+        self._warm = [pool.submit(_warm_worker, self._spec) for _ in range(self.max_workers)]
+        return pool
+
+    async def _in_process(self, text: str, reference: dict) -> float:
+        retried = False
+        while True:
+            pool, warm = self._pool, self._warm
+            try:
+                await asyncio.gather(*map(asyncio.wrap_future, warm))  # the workers' start is not the call's time
+                if pool is not self._pool:
+                    continue  # replaced (another call timed out) while it started
+                fut = asyncio.get_running_loop().run_in_executor(pool, _call_by_spec, self._spec, text, reference)
+                return await asyncio.wait_for(fut, self.timeout_s)
+            except asyncio.TimeoutError:
+                self._replace_pool(pool)  # its worker is stuck in the call: kill it
+                raise
+            except BrokenProcessPool:
+                if pool is not self._pool and not retried:  # killed for another call's timeout: run again
+                    retried = True
+                    continue
+                raise
+
+    def _replace_pool(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        if pool is self._pool:
+            self._pool = self._new_pool()
+            self._kill(pool)
+
+    @staticmethod
+    def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
 
     def _fail(self, sample: Sample, error: str) -> None:
         sample.reward, sample.reward_error = 0.0, error
@@ -148,7 +238,10 @@ class RewardRunner:
             raise
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers. Nothing is waited for: call after wait_all (a call still running, as
+        after an abort, is given up: its process is killed, its thread left to finish detached)."""
+        if self._pool is not None:
+            self._kill(self._pool)
 
     def __enter__(self) -> RewardRunner:
         return self

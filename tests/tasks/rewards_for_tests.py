@@ -14,3 +14,18 @@ def not_a_number(response_text: str, reference: dict):
 
 
 NOT_CALLABLE = 3
+
+
+def hang(response_text: str, reference: dict) -> float:
+    """Far past any test's reward timeout (a runaway verifier)."""
+    import time
+
+    time.sleep(120)
+    return 1.0
+
+
+def exact_or_hang(response_text: str, reference: dict) -> float:
+    """`exact`, except that the response "hang" never returns in time."""
+    if response_text == "hang":
+        return hang(response_text, reference)
+    return exact(response_text, reference)

@@ -129,3 +129,70 @@ def test_process_pool_needs_a_spec_and_works_with_one():
             return await runner.score(s)
 
     assert asyncio.run(go()).reward == 1.0
+
+
+# -- per-sample timeout (rollout.reward_timeout_s), thread and process mode --------------------------------
+
+def _runner(mode: str, on_error: str, timeout_s: float = 0.5, workers: int = 1) -> RewardRunner:
+    """Built from the run config's rollout.reward_* keys, as the loop builds it."""
+    from seer.config import load_config
+    cfg = load_config(overrides=[f"rollout.reward_mode={mode}", f"rollout.reward_timeout_s={timeout_s}",
+                                 f"rollout.reward_workers={workers}", f"rollout.reward_error_policy={on_error}"])
+    return cfg.rollout.reward_runner(f"{MOD}:exact_or_hang")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_reward_past_the_timeout_scores_zero_and_frees_its_worker(mode):
+    async def go(runner):
+        runner.submit(_sample("hang", i=0))  # first, on the only worker
+        for i in range(1, 4):
+            runner.submit(_sample("4", i=i))
+        t0 = time.monotonic()
+        done = await runner.wait_all()
+        return done, time.monotonic() - t0
+
+    runner = _runner(mode, "zero")
+    try:
+        done, took = asyncio.run(go(runner))
+    finally:
+        t0 = time.monotonic()
+        runner.close()
+        close_s = time.monotonic() - t0
+    hung, *rest = done
+    assert hung.reward == 0.0 and "TimeoutError" in hung.reward_error and "0.5 s" in hung.reward_error
+    assert [s.reward for s in rest] == [1.0, 1.0, 1.0] and all(s.reward_error is None for s in rest)
+    assert runner.stats.errors == 1 and runner.stats.scored == 4
+    assert took < 10  # the hung call (120 s) held up nothing: its worker was freed (process: replaced)
+    assert close_s < 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_reward_past_the_timeout_under_abort_stops_the_iteration(mode):
+    async def go(runner):
+        runner.submit(_sample("4", i=0))
+        runner.submit(_sample("hang", i=1))
+        await runner.wait_all()
+
+    runner = _runner(mode, "abort", workers=2)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RewardAborted, match="prompt 1.*TimeoutError"):
+            asyncio.run(go(runner))
+    finally:
+        runner.close()
+    assert time.monotonic() - t0 < 15
+    assert runner.stats.errors == 1
+
+
+def test_reward_settings_are_validated_naming_the_key():
+    from seer.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="rollout.reward_timeout_s"):
+        load_config(overrides=["rollout.reward_timeout_s=0"])
+    with pytest.raises(ConfigError, match="rollout.reward_mode"):
+        load_config(overrides=["rollout.reward_mode=fork"])
+    with pytest.raises(ConfigError, match="task.reward 'nope:f': cannot import module 'nope'"):
+        load_config(overrides=["task.reward=nope:f"])
+    cfg = load_config()
+    assert (cfg.rollout.reward_mode, cfg.rollout.reward_timeout_s) == ("thread", None)
