@@ -8,7 +8,7 @@ IOMP    := $(CURDIR)/$(VENV)/lib/libiomp5.so
 #   make TORCH_INDEX=https://download.pytorch.org/whl/cpu install
 TORCH_INDEX ?=
 
-.PHONY: install system-deps run test clean
+.PHONY: install system-deps run test test-fast clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ run: install
 
 test: install
 	LD_PRELOAD=$(IOMP) $(BIN)/python -m pytest -q -ra --durations=25
+
+# Everything that starts no vLLM instance (a few minutes)
+test-fast: install
+	LD_PRELOAD=$(IOMP) $(BIN)/python -m pytest -q -ra -m "not vllm" --durations=10
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

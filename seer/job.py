@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,6 +58,8 @@ class Job:
                                                                    sort_keys=False))
         console.print(f"model [bold]{model_dir}[/]  task [bold]{task.name}[/] ({len(prompts)} prompts)  "
                       f"run dir [bold]{run.path}[/]")
+        run.log(f"run started: model {model_dir}, task {task.name} ({len(prompts)} prompts), "
+                f"{cfg.iterations} iterations, resume={resume}")
         return cls(cfg, console, run, MetricsLog(run.path), Path(model_dir), tokenizer, task, prompts,
                    max_model_len, rollout_fn)
 
@@ -87,7 +90,10 @@ class Job:
     # ---- run-wide pieces -------------------------------------------------------------------
     async def start_fleet(self) -> Fleet:
         cfg = self.cfg
-        notify = lambda msg: self.console.print(f"[yellow]{msg}[/]" if "dropped" in msg or "exited" in msg else msg)  # noqa: E731
+        def notify(msg: str) -> None:
+            self.run.log(msg)
+            self.console.print(f"[yellow]{msg}[/]" if "dropped" in msg or "exited" in msg else msg)
+
         if cfg.instances.urls:
             return Fleet.attach(list(cfg.instances.urls), notify)
         n = cfg.instances.count
@@ -98,6 +104,7 @@ class Job:
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
                 self.run.path, notify)
         self.console.print(f"{n} instances ready")
+        self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
         return fleet
 
     def scheduler_config(self, fleet: Fleet) -> SchedulerConfig:
@@ -136,16 +143,21 @@ class Job:
         }) + "\n" for s in batch.samples))
 
     @contextlib.contextmanager
-    def progress(self, iteration: int, total: int):
-        """A progress bar for one rollout; yields the callback the scheduler calls."""
+    def progress(self, iteration: int, total: int, log_every_s: float = 10.0):
+        """A progress bar for one rollout (and a line in run.log every `log_every_s`); yields the
+        callback the scheduler calls."""
         with Progress(TextColumn(f"rollout {iteration}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task("rollout", total=total, info="")
+            last = [0.0]
 
             def on_progress(p):
                 rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
-                bar.update(task, completed=p.finished,
-                           info=f"{p.output_tokens} tok, {rate:.0f} tok/s, {p.running_chunks} running")
+                info = f"{p.output_tokens} tok, {rate:.0f} tok/s, {p.running_chunks} running"
+                bar.update(task, completed=p.finished, info=info)
+                if time.monotonic() - last[0] >= log_every_s or p.finished == total:
+                    last[0] = time.monotonic()
+                    self.run.log(f"rollout {iteration}: {p.finished}/{total} samples, {info}")
 
             yield on_progress

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from seer.config import RunConfig
 from seer.job import Job
-from seer.metrics_log import iteration_record, plot_iterations, summary_table
+from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
 from seer.rollout.divided import RolloutContext, RolloutRequest
 from seer.tasks import iteration_prompts
 
@@ -65,9 +65,7 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
         with console.status(f"training on iteration {it}"):
             tm = await asyncio.to_thread(trainer.train_step, batch)
         version = trainer.iteration
-        extra.update(train_s=tm.time_s, loss=tm.loss, pg_clipfrac=tm.pg_clipfrac, kl=tm.kl, entropy=tm.entropy,
-                     grad_norm=tm.grad_norm, zero_adv_fraction=tm.zero_adv_fraction,
-                     logprob_mismatch_mean=tm.logprob_mismatch_mean, logprob_mismatch_max=tm.logprob_mismatch_max)
+        extra.update(tm.record())
         with console.status(f"loading weight version {version} into the instances"):
             t0 = time.monotonic()
             await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version))
@@ -80,4 +78,5 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
         job.run.commit_checkpoint(it, version, cfg.train.keep_checkpoints,
                                   trainer.save_checkpoint if trainer is not None else None)
     console.print(summary_table([record], title=f"iteration {it}"))
+    job.run.log(f"iteration {it}: " + ", ".join(f"{k} {record[k]}" for k in SUMMARY_KEYS if record.get(k) is not None))
     return record, version

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # What marks a directory as holding a run (any one of them).
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "rollouts", "weights")
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "rollouts", "weights", "run.log")
 _ITER = re.compile(r"^iter_(\d+)$")
 
 
@@ -178,6 +178,11 @@ class RunDir:
         for old in self.complete_checkpoints()[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
         return d
+
+    def log(self, line: str) -> None:
+        """One timestamped line in run.log: what the terminal showed, for a run nobody watched."""
+        with open(self.path / "run.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
     def prune_weights(self, keep_version: int) -> None:
         for old in (self.path / "weights").glob("v*"):

@@ -7,6 +7,16 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures that start real vLLM instances: a test using one is a `vllm` test (`make test-fast`
+# leaves those out) whether or not its file says so.
+VLLM_FIXTURES = {"vllm_pool", "rig", "dgds_vllm", "three_instances", "restore_base_weights"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.vllm)
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:

@@ -53,6 +53,12 @@ class TrainMetrics:
     time_s: float
     extra: dict = field(default_factory=dict)
 
+    def record(self) -> dict:
+        """The fields an iteration's metrics record carries (seer.metrics_log)."""
+        return {"train_s": self.time_s, "loss": self.loss, "pg_clipfrac": self.pg_clipfrac, "kl": self.kl,
+                "entropy": self.entropy, "grad_norm": self.grad_norm, "zero_adv_fraction": self.zero_adv_fraction,
+                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max}
+
 
 @dataclass(frozen=True)
 class SFTExample:
@@ -161,6 +167,7 @@ class Trainer:
                 response_ids=list(s.response_ids),
                 advantage=float(a),
                 rollout_logprobs=list(s.logprobs) if s.logprobs else None,
+                loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
             )
             for s, a in zip(samples, adv.tolist(), strict=True)
             if s.response_ids
