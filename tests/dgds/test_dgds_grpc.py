@@ -221,7 +221,7 @@ def test_client_accepts_numpy_tokens(server):
         assert d.tokens == (6, 4, 5) and all(type(t) is int for t in d.tokens)
 
 
-RESYNC_S = 5.0  # README.md's bound (the client's retry backoff is capped at 1 s; measured 1.00-1.01 s)
+RESYNC_S = 5.0  # README.md's bound (the client's retry backoff is capped at 1 s)
 
 
 def test_client_keeps_drafting_through_a_server_restart_and_resyncs():

@@ -1,16 +1,23 @@
 """A crashed mooncake_master, started again on its own address by `KVPool.ensure_master`: the
 standalone store re-mounts its segment by itself and an existing store client (what each vLLM
 instance's connector holds) puts and gets again without being set up anew. Real processes, no vLLM
-(the same with vLLM inside: test_pool_integration.py's last test)."""
+(the same with vLLM inside: test_pool_integration.py's last test).
+
+README.md's bound: the store's segment is mounted again within RESTART_S of the restart's start
+(measured 1.5-1.9 s), and the existing client puts again within RECONNECT_S after that (0.2 s).
+With SEER_RECORD=1 the times go to bench/results/failures/kv_master_restart.json."""
 
 from __future__ import annotations
 
 import time
 
+from failure_record import record
 from seer.kvpool import KVPool, KVPoolConfig
 from seer.kvpool.processes import segment_mounted
 
 MiB = 2**20
+RESTART_S = 15.0
+RECONNECT_S = 5.0
 
 
 def test_a_crashed_master_is_restarted_and_an_existing_client_reconnects(tmp_path, monkeypatch):
@@ -30,19 +37,24 @@ def test_a_crashed_master_is_restarted_and_an_existing_client_reconnects(tmp_pat
             kv.master.kill()  # a crash: no clean shutdown
             assert kv.master_alive() is False
             took = kv.ensure_master()
-            assert took is not None and took < 30 and kv.master_alive()
+            assert took is not None and took < RESTART_S and kv.master_alive(), took
             assert segment_mounted(ep, cfg.capacity_bytes)
             assert kv.endpoints == ep  # same address: the instances' Mooncake configs stay valid
             # the same client, not set up again: its first call may still fail while it reconnects
             t0 = time.monotonic()
             while client.put("after", value) != 0:
-                assert time.monotonic() - t0 < 15, "the client did not reconnect to the restarted master"
+                assert time.monotonic() - t0 < RECONNECT_S, "the client did not reconnect to the restarted master"
                 time.sleep(0.2)
+            reconnect = time.monotonic() - t0
             assert client.get("after") == value
-            print(f"\nmaster restart: store segment re-mounted {took:.2f} s after the restart began; the existing "
-                  f"client put again {time.monotonic() - t0:.2f} s after that")
             assert client.batch_is_exist(["before", "after"]) == [0, 1]  # the new master started empty
             stats = kv.master_stats()
             assert stats.keys == 1 and stats.capacity_bytes == cfg.capacity_bytes
+            record("kv_master_restart",
+                   "tests/kvpool/test_master_restart.py::test_a_crashed_master_is_restarted_and_an_existing_client_reconnects",
+                   {"segment_remounted_after_restart_began": RESTART_S, "client_put_again_after_that": RECONNECT_S},
+                   {"segment_remounted_after_restart_began_s": round(took, 2),
+                    "client_put_again_after_that_s": round(reconnect, 2)},
+                   "mooncake_master SIGKILLed, KVPool.ensure_master restarts it on its address; no vLLM")
         finally:
             client.close()
