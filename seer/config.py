@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str | None = None  # a local HF checkpoint dir; None = the embedded default model
     preset: str = "default"  # embedded default preset (when path is None)
-    dtype: str = "float32"  # fp32 on CPU: bf16 is ~4x slower on AVX2-only cores
+    dtype: str = "float32"  # fp32 on CPU: bf16 is several times slower on AVX2-only cores (docs/bench-log.md)
     max_model_len: int | None = None  # None = the checkpoint's max_position_embeddings
 
 

@@ -2,8 +2,8 @@
 
 Why: every step of the default task is computed from the line above it, digit under digit, so
 the model must attend exactly one line length back. Learned from scratch, that pattern takes a
-small model thousands of steps on a CPU (measured: loss still 0.81 after 450 steps of 1K
-tokens); started as a prior it takes a few hundred (0.35 after 300). Only the initial values
+small model thousands of steps on a CPU; started as a prior it takes a few hundred
+(docs/bench-log.md, "Measurements behind design notes"). Only the initial values
 change: every weight is trained as usual, and the architecture stays a plain Qwen2.
 
 How: with constant query and key biases, a RoPE score depends only on the distance between

@@ -56,8 +56,8 @@ def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32) 
 class CausalSDPAttention(DotProductAttention):
     """Megatron's local core attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
-    The local DotProductAttention materialises [b, heads, s, s] scores and a separate softmax:
-    measured here, that was half of a GRPO step's forward time on long padded rollouts. SDPA runs a
+    The local DotProductAttention materialises [b, heads, s, s] scores and a separate softmax,
+    which dominates a GRPO step's forward on long padded rollouts (docs/bench-log.md). SDPA runs a
     fused (flash-style) causal kernel on CPU and GPU alike, with the same math. Only causal masks
     reach it (``forward_logits`` passes nothing else), so the mask tensor itself is not needed.
     """

@@ -27,11 +27,12 @@ Two options, off by default because they did not pay on the default long-tail wo
   (at most the chunk); a request that has run a chunk while nothing in its group finished, or has
   outgrown its group's estimate, is the likely long one and reserves its whole chunk. The
   over-commit is bounded by the packed chunks in flight and ends with them; the engine queues or
-  preempts (recompute) the excess meanwhile. Measured: 88 preemptions per run and no gain.
+  preempts (recompute) the excess meanwhile. Off by default: on the real benchmark the
+  recomputation ate the gain (docs/bench-log.md, "Ideas measured on this workload").
 * `continuations_first`: a request back from a chunk goes before every request not yet started,
   whatever the estimates, so that a within-group outlier (whose group looks short) never waits
-  between its chunks behind new work. Measured: fewer waits between chunks, no gain in
-  throughput or tail time.
+  between its chunks behind new work. Off by default for `context`: it shortened the waits
+  between chunks without a gain in throughput or tail time (docs/bench-log.md).
 """
 
 from __future__ import annotations

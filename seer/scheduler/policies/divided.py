@@ -7,8 +7,8 @@ admission from chunking, but orders work by arrival only.
 
 * default: a request back from a chunk joins the end of the queue. Every request gets a chunk
   in turn, like processor sharing, so the longest requests all start early and advance at the
-  same pace: this alone removes most of the tail (in the sim, -73% on Moonlight where the paper
-  measured -21% for its divided rollout).
+  same pace: this alone removes most of the tail, far more than the paper's divided rollout did
+  (docs/bench.md, "Current result", change 4).
 * `continuations_first`: a request keeps its place in arrival order, so a started request's
   next chunk goes before every request not yet started (requests run to completion in arrival
   order, each chunk on the instance with the most free KV). Long requests that arrived late
