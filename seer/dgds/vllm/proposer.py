@@ -190,9 +190,9 @@ class DgdsProposer:
                 ready.append((i, st, n))
         # The step cost model T(B, g) is a decode step's: a step that also prefilled (its time has
         # prompt tokens the model does not count, and after an idle engine the idle time too) is not
-        # a sample of it. Fed such steps, the fit's fixed term grew several-fold (30 ms instead of
-        # ~8 ms on one CPU core at batch 32), so verifying drafts looked nearly free and Algorithm 1
-        # drafted long at low acceptance (see docs/dgds.md, "Speculation on one CPU core").
+        # a sample of it. Fed such steps, the fit's fixed term grew several-fold, so verifying drafts
+        # looked nearly free and Algorithm 1 drafted long at low acceptance (docs/dgds.md,
+        # "Speculation on one CPU core", has the figures).
         if self._last_step_end is not None and self._last_step_tokens and not prefilled:
             self.policy.record_step(self._last_step_tokens, now - self._last_step_end)
         if appends:

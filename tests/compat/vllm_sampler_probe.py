@@ -1,4 +1,4 @@
-"""Run as a script (tests/dgds/test_vllm_cpu_fixes.py does): vLLM's CPU rejection sampler in a fresh
+"""Run as a script (tests/compat/test_vllm_cpu_fixes.py does): vLLM's CPU rejection sampler in a fresh
 process, set up as an engine worker sets it up, before and after seer.compat.vllm_cpu_fixes. Prints
 one JSON object. A fresh process because vLLM's kernel registration scans every loaded module and
 trips over some (llvmlite's, once numba compiled something), as a test process may have them."""

@@ -1,7 +1,7 @@
 """vLLM 0.32's CPU rejection sampler: the bug ``seer.compat.vllm_cpu_fixes`` corrects, and the sampled
 distribution with the correction. No engine: one fresh process (``vllm_sampler_probe.py``) sets the
-sampler up as an engine worker does (~20-80 s here, mostly importing vLLM). The end-to-end check on
-a real instance is in test_vllm_proposer.py."""
+sampler up as an engine worker does (its time is mostly importing vLLM). The end-to-end check on
+a real instance is in tests/dgds/test_vllm_proposer.py."""
 
 from __future__ import annotations
 
