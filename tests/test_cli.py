@@ -108,3 +108,21 @@ def test_a_rollout_function_that_does_not_resolve_is_rejected_naming_the_key(tmp
     assert r.returncode == 2, r.stdout + r.stderr
     assert "rollout.function" in r.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_two_runs_without_a_run_dir_get_two_directories(vllm_pool, tmp_path):
+    """`make run` twice in a row: each run gets runs/<date>-<time>, runs/latest is the second."""
+    urls = "[" + ",".join(c.base_url for c in vllm_pool.clients) + "]"
+    args = [sys.executable, "-m", "seer.cli", "--sync", "--train", "off", "--iterations", "1",
+            "--set", "model.preset=tiny", "--set", f"instances.urls={urls}", "--set", "task.num_prompts=2",
+            "--set", "rollout.groups_per_iteration=2", "--set", "rollout.group_size=2",
+            "--set", "rollout.max_tokens=16"]
+    for _ in range(2):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.name != "latest")
+    assert len(runs) == 2
+    assert (tmp_path / "runs" / "latest").resolve() == runs[1].resolve()
+    for d in runs:
+        assert len((d / "metrics.jsonl").read_text().splitlines()) == 1
+        assert "iteration 0:" in (d / "run.log").read_text()
