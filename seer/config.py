@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from seer.dgds.server.config import DGDSConfig
+from seer.fleet.config import InstancesConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
@@ -51,6 +52,9 @@ class RolloutConfig:
     # request's prefill is split across steps, which long chunked contexts under load do.
     sampling_seed: int | None = None
     reward_workers: int = 2
+    # One iteration's rollout (seer.rollout.divided.RolloutFunction); a multi-turn or custom
+    # rollout plugs in here by path.
+    function: str = "seer.rollout.divided:divided_rollout"
     reward_error_policy: Literal["zero", "abort"] = "zero"
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
     # the GIL, in as many spawned processes. A call past reward_timeout_s (None: no limit) scores
@@ -66,16 +70,6 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class InstancesConfig:
-    count: int = 2
-    urls: list[str] = field(default_factory=list)  # connect to running servers instead of launching
-    kv_cache_bytes: int | None = 256 * 2**20  # per instance; CPU RAM reserved for KV blocks
-    max_num_seqs: int = 256
-    startup_timeout_s: float = 600.0
-    extra_args: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     enabled: bool = True
     checkpoint_every: int = 1  # iterations between checkpoints (what --resume continues from)
@@ -83,13 +77,15 @@ class TrainConfig:
 
 
 # GRPO step size for the embedded 3M-parameter model: an LLM's 1e-6 would leave it untouched, and
-# 1e-3 collapsed its reward within two iterations here (README, "The default run, measured").
+# a much larger one collapses its reward (README, "The default run, measured").
 EMBEDDED_MODEL_TRAINER = {"lr": 2e-4, "mini_batches": 2}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    run_dir: str = "runs/default"
+    # None: a new runs/<date>-<time> per run (runs/latest points at it); a directory that already
+    # holds a run is refused unless the run resumes it or overwrites it (seer.rundir).
+    run_dir: str | None = None
     seed: int = 0
     iterations: int = 5
     model: ModelConfig = field(default_factory=ModelConfig)

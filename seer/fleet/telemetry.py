@@ -38,9 +38,9 @@ def kv_block_size(samples) -> int:
     return 0
 
 
-# What Telemetry reads. vLLM's /metrics is ~55 KB, mostly histogram buckets; parsing all of it
-# took 36 ms per sample in the driver on the loaded 2-core machine, time its event loop could not
-# dispatch chunks in. Lines of other metrics are skipped before the regex.
+# What Telemetry reads. vLLM's /metrics is mostly histogram buckets, and parsing all of it on every
+# sample is time the driver's event loop cannot dispatch chunks in (docs/bench.md, "Driver
+# overhead"): lines of other metrics are skipped before the regex.
 _TELEMETRY_METRICS = (
     "vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
     "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:spec_decode_num_",
