@@ -75,3 +75,13 @@ def not_a_list() -> int:
 
 def reward_by_length(response_text: str, reference: dict) -> float:
     return min(1.0, len(response_text) / 100)
+
+
+def tagged(n: int = 3, tag: str = "untagged") -> list[dict]:
+    """A loader for seer-run: `n` prompts whose reference carries `tag` (tag_reward checks it)."""
+    return [{"prompt": f"count to {i + 2}:", "tag": tag} for i in range(n)]
+
+
+def tag_reward(response_text: str, reference: dict) -> float:
+    """1 for a sample of a tagged "e2e" record: proof that the rollout scored the plug-in's records."""
+    return 1.0 if reference.get("tag") == "e2e" else 0.0

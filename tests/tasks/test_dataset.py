@@ -38,11 +38,17 @@ def test_jsonl_prompt_field_and_reference(tmp_path):
         ("[1, 2]", "expected a JSON object"),
         ('{"question": "x"}', "missing the prompt field 'prompt'"),
         ('{"prompt": 3}', "must be a non-empty string"),
+        # chat records: `messages` instead of the prompt field
+        ('{"messages": []}', "'messages' must be a non-empty list"),
+        ('{"messages": "hi"}', "'messages' must be a non-empty list"),
+        ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string"),
+        ('{"messages": [3]}', "messages[0] must be an object"),
+        ('{"messages": [{"role": "user", "content": "x"}], "prompt": "y"}', "both the prompt field"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, expected):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "ok"}\n{"prompt": "ok too"}\n' + bad_line + "\n")
+    path.write_text('{"prompt": "ok"}\n{"messages": [{"role": "user", "content": "ok too"}]}\n' + bad_line + "\n")
     with pytest.raises(DatasetError) as e:
         load_jsonl(path)
     assert f"{path}:3" in str(e.value)
@@ -145,21 +151,6 @@ def test_loader_record_with_a_bad_field_names_the_index_and_field():
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-@pytest.mark.parametrize("bad, says", [
-    ('{"messages": []}', "'messages' must be a non-empty list"),
-    ('{"messages": "hi"}', "'messages' must be a non-empty list"),
-    ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string"),
-    ('{"messages": [3]}', "messages[0] must be an object"),
-    ('{"messages": [{"role": "user", "content": "x"}], "prompt": "y"}', "both the prompt field"),
-])
-def test_malformed_chat_line_names_file_line_and_field(tmp_path, bad, says):
-    path = tmp_path / "chat.jsonl"
-    path.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n' + bad + "\n")
-    with pytest.raises(DatasetError) as e:
-        load_jsonl(path)
-    assert f"{path}:2" in str(e.value) and says in str(e.value)
 
 
 def test_chat_records_render_with_the_template_from_the_key(tmp_path, tiny_model):

@@ -7,39 +7,32 @@ happening to move one. Use it by path:
 
     scheduler.policy: seer.scheduler.policies.moving:MoveEveryChunk
 
-Order is first come first served (as DividedFifo: a request back from a chunk joins the end of
-the queue). Placement is the usual KV-budget check over every live instance except the one that
-ran the request's last chunk; with a single live instance there is nowhere to move and the
-chunk stays.
+Order is DividedFifo's (first come first served; a request back from a chunk joins the end of
+the queue, or keeps its place with `scheduler.continuations_first`). Placement is the usual
+KV-budget check over every live instance except the one that ran the request's last chunk;
+with a single live instance there is nowhere to move and the chunk stays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from seer.scheduler.buffer import Request
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig
-from seer.scheduler.policies.base import Policy
-from seer.scheduler.policies.index import PriorityIndex
+from seer.scheduler.policies.divided import DividedFifo
 
 
-class MoveEveryChunk(Policy):
+class MoveEveryChunk(DividedFifo):
     name = "move_every_chunk"
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None) -> None:
-        super().__init__(chunk_size, placement)
-        self._ready = PriorityIndex()
-        self._arrivals = 0
+    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
+                 continuations_first: bool = False) -> None:
+        super().__init__(chunk_size, placement, continuations_first)
         self._moves = 0
 
-    def on_ready(self, req: Request) -> None:
-        self._ready.add(req, (self._arrivals,))
-        self._arrivals += 1
-
     def on_dispatched(self, decision: Dispatch) -> None:
-        req = decision.request
-        self._ready.discard(req)
+        super().on_dispatched(decision)
+        req = decision.request  # the dispatcher has recorded the new chunk's instance already
         if req.chunks > 1 and req.instances[-2] != decision.instance:
             self._moves += 1
 
