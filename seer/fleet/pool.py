@@ -33,15 +33,9 @@ class InstancePool:
         return cls([InstanceClient(f"inst{i}", u, model) for i, u in enumerate(urls)])
 
     @classmethod
-    def launch(
-        cls,
-        specs: list[InstanceSpec],
-        log_dir: Path,
-        ready_timeout_s: float = 600.0,
-        on_ready: Callable[[str, float], None] | None = None,
-    ) -> "InstancePool":
-        """Start every server at once and wait until all answer /health, or raise with logs."""
-        return asyncio.run(cls.alaunch(specs, log_dir, ready_timeout_s, on_ready))
+    def launch(cls, *args, **kwargs) -> "InstancePool":
+        """`alaunch` from code that runs no event loop (benchmarks, test fixtures)."""
+        return asyncio.run(cls.alaunch(*args, **kwargs))
 
     @classmethod
     async def alaunch(
@@ -51,7 +45,7 @@ class InstancePool:
         ready_timeout_s: float = 600.0,
         on_ready: Callable[[str, float], None] | None = None,
     ) -> "InstancePool":
-        """`launch` inside a running event loop (the run's)."""
+        """Start every server at once and wait until all answer /health, or raise with logs."""
         servers = [VLLMServer(s, Path(log_dir) / f"{s.name}.log") for s in specs]
         pool = cls([InstanceClient(s.name, s.url, "seer-policy") for s in specs], servers)
         try:
