@@ -78,10 +78,33 @@ class Sample:
     response_text: str = ""
     reward: float | None = None
     reward_error: str | None = None
+    # Multi-turn samples: response_ids holds every turn, the environment's tokens included; the
+    # mask is 1 on tokens the policy generated (trained on) and 0 on the environment's. None: all 1.
+    loss_mask: list[int] | None = None
+    turns: int = 1
 
     @property
     def num_tokens(self) -> int:
         return len(self.response_ids)
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """A weight version as the trainer publishes it and the fleet loads it into every instance.
+
+    `uri` names where the weights are: a local HF safetensors directory (`file://` or a plain
+    path) today; a fleet whose instances live on other machines resolves other schemes itself
+    (a broadcast, an object store) without the loop knowing."""
+
+    version: int
+    uri: str
+    format: str = "hf-safetensors"
+
+    @property
+    def local_path(self) -> str | None:
+        if self.uri.startswith("file://"):
+            return self.uri[len("file://"):]
+        return None if "://" in self.uri else self.uri
 
 
 @dataclass
