@@ -4,7 +4,7 @@ The loop is the async driver's, on virtual time: dispatch every decision until t
 Wait, then jump to the earliest instance event, feed finished chunks back through
 `Dispatcher.complete`, repeat. The policies, chunking, KV-budget placement and bookkeeping are
 the production code (`seer.scheduler`); only the engines are models (`bench.sim.instance`).
-Statistics come from `seer.rollout.engine.stats_from_result`, as for a real run.
+Statistics come from `seer.rollout.divided.stats_from_result`, as for a real run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from seer.types import Telemetry
-from seer.rollout.engine import stats_from_result
+from seer.rollout.divided import stats_from_result
 from seer.types import GenerateResult, IterationStats, PromptSpec, SamplingParams
 from seer.scheduler import SchedulerConfig
 from seer.scheduler.decisions import Wait
