@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from seer.model import CheckpointError
     from seer.plugins import PluginError
     from seer.rundir import RunDirError
+    from seer.scheduler import RolloutError
     from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
 
     try:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError, RunDirError, PluginError) as e:
         console.print(f"[red]seer-run: {e}[/]")
         return 2
-    except FleetError as e:
+    except (FleetError, RolloutError) as e:  # every instance lost, or a request that keeps failing
         console.print(f"[red]seer-run: {e}[/]")
         return 1
     except KeyboardInterrupt:
