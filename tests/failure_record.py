@@ -4,7 +4,7 @@ Each failure test asserts its recovery bound and calls `record(name, test, bound
 Nothing is written unless SEER_RECORD=1: then `bench/results/failures/<name>.json` gets the
 measured values next to the bounds the test asserted, the test's node id, the date, the commit
 and the machine's load average (recorded once, from a run of the failure tests under the vLLM
-lock; README.md quotes those files).
+lock by `python -m bench.failures`; README.md quotes those files).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ def record(name: str, test: str, bounds: dict[str, float], measured: dict, notes
     path = FAILURES / f"{name}.json"
     doc = {
         "test": test,
-        "command": f"SEER_RECORD=1 flock /tmp/seer-vllm.lock env LD_PRELOAD=.venv/lib/libiomp5.so "
-                   f".venv/bin/python -m pytest -q -s '{test}'",
+        "command": f"python -m bench.failures {test}",  # under the vLLM lock; SEER_RECORD=1 pytest -s, in effect
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": _commit(),
         "load_average_1m": round(os.getloadavg()[0], 1),
