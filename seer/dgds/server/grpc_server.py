@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "seer.dgds.v1.DraftServer"
 UNKNOWN_GROUP_KEY = "seer-dgds-unknown-group"
 ENDED_GROUP_KEY = "seer-dgds-ended-group"  # subset of the unknown ones: finished or expired
-# Rough memory per tree node and per stored token (Python objects); good to a factor ~1.5.
+# Rough memory per tree node and per stored token, sized for the pure-Python tree's objects; the
+# compiled core's nodes are 56-byte structs, so for it the node share is an upper bound.
 NODE_BYTES = 150
 TOKEN_BYTES = 40
 
