@@ -14,7 +14,13 @@ then none, per-request, group; ...), each repeat with fresh request ids (fresh g
 reports the totals plus each row's tokens/s relative to ``none`` of the same repeat (median over
 repeats): on a machine shared with other jobs the ratio is what to read, not the absolute rate.
 Acceptance length is vLLM's own: 1 + accepted / drafts from the /metrics counter deltas of a phase.
-Writes bench/results/dgds_e2e.{json,md,png}.
+
+Equal work in every phase (as bench.compare's replay mode): an untimed warm-up on the plain
+instance samples every request's length once; every phase then generates exactly those lengths
+(``ignore_eos``, ``max_tokens`` per request), so the rows' tokens/s compare the same token counts
+and differ by the drafting only (``--no-replay``: each phase samples its own lengths, so a row
+that happens to sample one long response more is slower for that alone).
+Writes bench/results/dgds_e2e/dgds_e2e.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -69,22 +75,33 @@ class PhaseResult:
 
 
 async def run_phase(client, name: str, id_prefix: str, prompts, group_size: int, max_tokens: int,
-                    temperature: float, seed: int, probe_first: bool, progress=None) -> PhaseResult:
-    """All requests of the workload on one instance; counters diffed around it."""
+                    temperature: float, seed: int, probe_first: bool, progress=None,
+                    lengths: dict[tuple[int, int], int] | None = None,
+                    record: dict[tuple[int, int], int] | None = None) -> PhaseResult:
+    """All requests of the workload on one instance; counters diffed around it.
+
+    `lengths`: (group, sample) -> output tokens; each request then generates exactly that many
+    (ignore_eos), as the warm-up sampled them. `record`: filled with each request's output length.
+    """
     from seer.types import GenerateRequest, SamplingParams
 
     def req(i, p, k):
-        return GenerateRequest(request_id(i, k, id_prefix), p.prompt_ids, max_tokens,
-                               SamplingParams(temperature=temperature, max_tokens=max_tokens,
-                                              seed=seed * 100_000 + i * 100 + k), logprobs=False)
+        n = max(1, lengths[(i, k)]) if lengths is not None else max_tokens
+        return (i, k), GenerateRequest(request_id(i, k, id_prefix), p.prompt_ids, n,
+                                       SamplingParams(temperature=temperature, max_tokens=n,
+                                                      seed=seed * 100_000 + i * 100 + k,
+                                                      ignore_eos=lengths is not None), logprobs=False)
 
     waves = ([[req(i, p, 0) for i, p in enumerate(prompts)],
               [req(i, p, k) for i, p in enumerate(prompts) for k in range(1, group_size)]]
              if probe_first else [[req(i, p, k) for i, p in enumerate(prompts) for k in range(group_size)]])
     task = progress.add_task(name, total=sum(len(w) for w in waves)) if progress else None
 
-    async def one(r):
+    async def one(key_req):
+        key, r = key_req
         res = await client.generate(r)
+        if record is not None:
+            record[key] = len(res.token_ids)
         if progress:
             progress.advance(task)
         return res
@@ -109,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--probe-first", action="store_true")
     ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="bench/results/dgds_e2e")
     ap.add_argument("--name", default="dgds_e2e", help="stem of the result files")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the three phases this many times, alternating their order (fresh ids each time)")
+    ap.add_argument("--no-replay", action="store_true",
+                    help="let every phase sample its own lengths instead of replaying the warm-up's")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -153,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                         ("none", plain_client, "e2e-none-")]
                 repeats = []
                 with Progress() as progress:
+                    if not args.no_replay:  # untimed: samples the lengths every phase then generates
+                        await run_phase(plain_client, "warm-up (lengths)", "e2e-warm-", progress=progress,
+                                        record=lengths, **kw)
+                        kw["lengths"] = dict(lengths)
+                        # and a short untimed warm-up of the speculative instance (one group)
+                        await run_phase(spec_client, "warm-up (speculative)", "solo-e2e-warm-",
+                                        progress=progress, **{**kw, "prompts": prompts[:1]})
                     for r in range(args.repeats):
                         tag = f"rep{r}-" if args.repeats > 1 else ""
                         order = rows if r % 2 == 0 else rows[::-1]
@@ -163,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 await pool.aclose_clients()
                 return repeats
 
+            lengths: dict[tuple[int, int], int] = {}
             repeats = asyncio.run(run())
     finally:
         dgds.stop(0.5)
@@ -177,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/dgds_e2e.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": model, "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "spec_tokens": args.spec_tokens, "probe_first": args.probe_first,
-        "repeats": args.repeats, "phases": [p.as_dict() for p in phases],
+        "repeats": args.repeats, "replay": not args.no_replay,
+        "replayed_lengths": ({"tokens": sum(lengths.values()), "longest": max(lengths.values()),
+                              "median": statistics.median(lengths.values()), "requests": len(lengths)}
+                             if lengths else None),
+        "phases": [p.as_dict() for p in phases],
         "tokens_per_s_vs_none": {n: round(r, 3) for n, r in ratios.items()},
         "per_repeat": [[p.as_dict() for p in rep] for rep in repeats],
         "load_average": list(os.getloadavg()), "machine": platform.platform(),
@@ -188,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.temperature}, gamma_max={args.spec_tokens}, {'probe first' if args.probe_first else 'all samples at once'}; "
         "one vLLM CPU instance (1 core) per row"
         + (f"; {args.repeats} repeats in alternating order, totals over them" if args.repeats > 1 else "")
+        + (f"; every row generates the warm-up's lengths ({sum(lengths.values())} tokens, longest "
+           f"{max(lengths.values())}, ignore_eos)" if lengths else "; each row samples its own lengths")
         + f"; load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         "| drafting | output tokens/s | vs none | mean acceptance length | acceptance rate | output tokens | wall s |",
