@@ -41,6 +41,7 @@ from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.grpc_server import DgdsServer, params_to_pb
 from seer.dgds.tree.suffix_tree import COMPILED, SuffixTree
 from seer.dgds.types import DraftParams, SpeculateRow
+from seer.request_ids import parse, request_id
 
 ARCTIC_APPEND_US = 5.5
 ARCTIC_SPEC_US = 9.0
@@ -150,8 +151,8 @@ def bench_arctic_append(arctic: dict, streams: list[list[list[int]]], depth: int
         cache = Cache(max_tree_depth=depth, max_cached_requests=-1)
         for gi, g in enumerate(streams):
             for ri in range(len(g)):
-                cache.start_request(f"g{gi}-r{ri}", [])  # the streams are responses: no prompt
-        return cache, [[(cache.add_active_response, f"g{gi}-r{ri}") for ri in range(len(g))]
+                cache.start_request(request_id(gi, ri), [])  # the streams are responses: no prompt
+        return cache, [[(cache.add_active_response, request_id(gi, ri)) for ri in range(len(g))]
                        for gi, g in enumerate(streams)]
     return _timed_appends(streams, batch, build, repeats)
 
@@ -163,7 +164,7 @@ def speculate_rows(prefixes: list[list[list[int]]], n: int, params: DraftParams)
     for i in range(n):
         gi = i % len(prefixes)
         ri = (i // len(prefixes)) % len(prefixes[gi])
-        rows.append(SpeculateRow(f"g{gi}-r{ri}", f"g{gi}", prefixes[gi][ri], params))
+        rows.append(SpeculateRow(request_id(gi, ri), f"g{gi}", prefixes[gi][ri], params))
     return rows
 
 
@@ -179,7 +180,7 @@ def bench_speculate(trees, rows: list[SpeculateRow], repeats: int, drafts: list 
     ``drafts``, if given, receives each row's best path (for the agreement check)."""
     by_row = [trees[int(r.group_id[1:])] for r in rows]
     if by_row and isinstance(by_row[0], list):
-        by_row = [tg[int(r.request_id.rsplit("-r", 1)[1])] for tg, r in zip(by_row, rows)]
+        by_row = [tg[parse(r.request_id).sample] for tg, r in zip(by_row, rows)]
     lat, n_tok = [], 0
     for _ in range(repeats):
         t0 = time.process_time()
@@ -208,7 +209,7 @@ def bench_arctic_speculate(state, rows: list[SpeculateRow], layout: str, repeats
     else:
         by_row = [state[int(r.group_id[1:])] for r in rows]
         if layout == "request":
-            by_row = [tg[int(r.request_id.rsplit("-r", 1)[1])] for tg, r in zip(by_row, rows)]
+            by_row = [tg[parse(r.request_id).sample] for tg, r in zip(by_row, rows)]
         calls = [(t.speculate, None) for t in by_row]
     lat, n_tok = [], 0
     for _ in range(repeats):
