@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 
+from seer import request_ids
 from seer.types import Telemetry
 from seer.types import GenerateRequest, GenerateResult, PromptSpec
 from seer.scheduler.buffer import Request, RequestStatus
@@ -19,7 +19,7 @@ def prompts(n: int, prompt_len: int = 4) -> list[PromptSpec]:
 def request(group: int, index: int, *, generated: int = 0, max_tokens: int = 1000, seq: int | None = None,
             prompt_len: int = 4) -> Request:
     """A ready request as the buffer would hold it after `generated` tokens."""
-    req = Request(f"g{group}-s{index}", group, index, [1] * prompt_len, max_tokens,
+    req = Request(request_ids.request_id(group, index), group, index, [1] * prompt_len, max_tokens,
                   seq if seq is not None else group * 100 + index)
     req.generated_ids = [7] * generated
     req.logprobs = [-0.1] * generated
@@ -45,9 +45,6 @@ def token_at(request_id: str, position: int) -> int:
     generated in chunks on any instances must equal the same request generated in one go."""
     h = hashlib.blake2b(f"{request_id}/{position}".encode(), digest_size=4).digest()
     return 1000 + int.from_bytes(h, "little") % 5000
-
-
-_CHUNK_SUFFIX = re.compile(r"-c\d+(-r\d+)?$")
 
 
 class FakeInstance:
@@ -90,7 +87,7 @@ class FakeInstance:
         if req.request_id in self.fail_once:
             self.fail_once.discard(req.request_id)
             raise ConnectionError(f"{self.name} dropped {req.request_id}")
-        base = _CHUNK_SUFFIX.sub("", req.request_id)
+        base = request_ids.parse(req.request_id).request  # the whole request of a chunk (or retry)
         done = len(req.prompt_ids) - self.prompt_lens[base]
         n = min(req.max_tokens, self.lengths[base] - done)
         cached = len(req.prompt_ids) if base in self.seen else 0
@@ -129,6 +126,6 @@ class FakeInstance:
 def fake_cluster(n_instances: int, ps: list[PromptSpec], lengths: dict[tuple[int, int], int], prefix: str = "",
                  **kw) -> list[FakeInstance]:
     """FakeInstances over a workload: lengths[(group, index)] -> EOS length."""
-    by_id = {f"{prefix}g{g}-s{k}": n for (g, k), n in lengths.items()}
-    plens = {f"{prefix}g{g}-s{k}": len(ps[g].prompt_ids) for (g, k) in lengths}
+    by_id = {request_ids.request_id(g, k, prefix): n for (g, k), n in lengths.items()}
+    plens = {request_ids.request_id(g, k, prefix): len(ps[g].prompt_ids) for (g, k) in lengths}
     return [FakeInstance(f"i{j}", by_id, plens, **kw) for j in range(n_instances)]
