@@ -144,11 +144,10 @@ def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_mo
     # three requests on two instances, one chunk each at a time.
     prompts = [PromptSpec(i, "", p, {}) for i, p in enumerate(task_prompts(tiny_model, 5)[2:5])]
     max_tokens = 3 * CHUNK
-    # one chunk per instance at a time: a finished chunk's instance takes the next request in
-    # FIFO order, which ran elsewhere, so requests migrate; distinct prompts and group_size 1
-    # so that no other request shares a generated prefix.
-    cfg = SchedulerConfig(policy="divided", chunk_size=CHUNK, max_running=1, affinity_gap_tokens=0)
-    # Chunks serialized across the two instances: A:r0, B:r1, A:r2, then B takes r0 (last on A).
+    # MoveEveryChunk: every continuation chunk runs on the other instance than its last, so each
+    # request's second chunk is a first visit whose generated prefix can only come from the pool;
+    # distinct prompts and group_size 1 so that no other request shares a generated prefix.
+    cfg = SchedulerConfig(policy="seer.scheduler.policies.moving:MoveEveryChunk", chunk_size=CHUNK, max_running=1)
     a, b = rig.instances.clients
     sampling = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
 
@@ -174,7 +173,8 @@ def test_driver_chunks_that_migrate_take_their_prefix_from_the_pool(rig, tiny_mo
         if ev.migrated and ev.instance not in seen:
             first_visits.append(ev)
         seen.add(ev.instance)
-    assert first_visits, "no chunk moved to an instance that had not run its request"
+    assert len(first_visits) == len(prompts), first_visits  # each request's second chunk, on the other instance
+    assert all(ev.migrated for ev in result.chunks if ev.chunk_index > 0)
     # on a first visit only the prompt can be local; the generated part must come from the pool
     from_pool_lower_bound = sum(ev.cached_prefix_tokens - len(prompts[ev.group_id].prompt_ids) for ev in first_visits)
     assert sum(u.tokens_from_pool for u in usage) >= from_pool_lower_bound > 0
