@@ -1,8 +1,8 @@
 """The DGDS as part of a run: launch (or join) the draft server and enable the proposer on instances.
 
 Off by default: on one CPU core the extra verification work costs more than accepted drafts save
-(docs/dgds.md). Sampled outputs stay exact under speculation (seer.dgds's vLLM CPU fix), so
-turning it on never changes what the policy would have produced.
+(docs/dgds.md). Sampled outputs stay exact under speculation (the proposer applies
+seer.compat.vllm_cpu_fixes), so turning it on never changes what the policy would have produced.
 """
 
 from __future__ import annotations
