@@ -119,9 +119,9 @@ class Job:
                               seed=r.sampling_seed)
 
     def reward_runner(self) -> RewardRunner:
-        r = self.cfg.rollout
-        return RewardRunner(self.task.reward_spec, max_workers=r.reward_workers, on_error=r.reward_error_policy,
-                            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        """rollout.reward_workers / reward_mode / reward_timeout_s / reward_error_policy (RolloutConfig.reward_runner)."""
+        return self.cfg.rollout.reward_runner(
+            self.task.reward_spec, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def export_weights(self, trainer, version: int) -> WeightsRef:
         """The trainer's weights as an HF directory in the run; older exports are removed."""

@@ -91,3 +91,15 @@ def test_chat_dataset_is_rendered_with_the_chat_template_key(vllm_pool, tmp_path
     rec, samples = outputs(seer_run(vllm_pool, run_dir, *common, f"task.chat_template={template}"), run_dir)
     assert {s["prompt_index"] for s in samples} <= {0, 1, 2}
     assert [s["reward"] for s in samples] == [1.0] * len(samples)
+
+
+def test_reward_timeout_scores_zero_without_stalling_the_run(vllm_pool, tmp_path):
+    """rollout.reward_mode / reward_timeout_s reach the runner: a reward that never returns in time
+    (120 s) costs each sample its reward, counted as an error, not the run."""
+    run_dir = tmp_path / "run"
+    r = seer_run(vllm_pool, run_dir, "task.reward=tests.tasks.rewards_for_tests:hang", "rollout.reward_mode=process",
+                 "rollout.reward_timeout_s=1", "rollout.reward_workers=2")
+    rec, samples = outputs(r, run_dir)
+    assert [s["reward"] for s in samples] == [0.0] * len(samples)
+    assert all("TimeoutError" in s["reward_error"] for s in samples)
+    assert rec["reward_errors"] == len(samples)
