@@ -183,7 +183,6 @@ def run(s: CompareSettings, progress=print) -> dict:
     from seer.dgds.server.grpc_server import DgdsServer
     from seer.model import ensure_model
     from seer.procs import cpu_sets
-    from seer.fleet.pool import InstancePool
 
     configs = select(s.configs)
     model_dir = Path(s.model) if Path(s.model).is_dir() else ensure_model(s.model, progress=False)

@@ -39,7 +39,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from seer.dgds.vllm import speculative_config
-from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.procs.vllm_metrics import spec_decode_counters
 from seer.request_ids import request_id
 from seer.types import SpecDecodeCounters
 

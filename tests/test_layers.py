@@ -21,9 +21,9 @@ LAYERS = {
     "rollout": 3,
     "config": 4, "rundir": 4, "metrics_log": 4, "job": 4, "loop": 4, "cli": 4, "bench_cli": 4,
 }
-# Imports between parts of one layer that the design allows (the embedded model is warm-started
-# on the built-in task).
-ALLOWED_SIDEWAYS = {("model", "tasks")}
+# Imports between parts of one layer that the design allows: the ground's helpers read and write
+# the shared records; the embedded model is warm-started on the built-in task.
+ALLOWED_SIDEWAYS = {("procs", "types"), ("model", "tasks")}
 HEAVY = ("grpc", "mooncake", "vllm", "torch", "transformers", "aiohttp", "megatron", "ray")
 
 

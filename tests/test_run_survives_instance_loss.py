@@ -45,7 +45,7 @@ def _vllm_guards(pid: int) -> list[int]:
 
 def _running(guard: int) -> int:
     """Requests the guard's vLLM server is running now (its /metrics)."""
-    from seer.fleet.telemetry import telemetry_from_metrics
+    from seer.procs.vllm_metrics import telemetry_from_metrics
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
     port = argv[argv.index("--port") + 1]

@@ -26,7 +26,7 @@ import pytest
 from failure_record import record
 from seer.kvpool.accounting import MasterStats
 from seer.procs.process import _children
-from seer.fleet.telemetry import parse_prometheus
+from seer.procs.prometheus import parse_prometheus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -13,7 +13,7 @@ import time
 import aiohttp
 
 from seer.types import Telemetry
-from seer.fleet.telemetry import telemetry_from_metrics
+from seer.procs.vllm_metrics import telemetry_from_metrics
 from seer.types import GenerateRequest, GenerateResult
 
 

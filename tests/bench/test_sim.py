@@ -13,7 +13,7 @@ from bench.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_ra
 from bench.sim.step_model import StepModel, fit
 from bench.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
 from seer.dgds.policy.draft_length import tokens_per_step
-from seer.types import GenerateRequest, PromptSpec, SamplingParams
+from seer.types import GenerateRequest, SamplingParams
 from seer.scheduler.buffer import Request
 from seer.scheduler.dispatcher import ChunkTicket
 

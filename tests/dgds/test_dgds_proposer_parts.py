@@ -9,7 +9,7 @@ import pytest
 
 from seer.dgds.policy.adaptive import AdaptiveDraftLength, StepCost
 from seer.dgds.vllm import PROPOSER, speculative_config
-from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.procs.vllm_metrics import spec_decode_counters
 from seer.dgds.vllm.settings import settings_from
 from seer.request_ids import SeerId, caller_request_id, chunk_id, parse, parse_request_id, request_id
 

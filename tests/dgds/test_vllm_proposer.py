@@ -15,7 +15,7 @@ import time
 import pytest
 
 from seer.dgds.server.group_store import UnknownGroups
-from seer.dgds.vllm.metrics import spec_decode_counters
+from seer.procs.vllm_metrics import spec_decode_counters
 from seer.request_ids import parse, parse_request_id, request_id
 from seer.types import GenerateRequest, SamplingParams, SpecDecodeCounters
 

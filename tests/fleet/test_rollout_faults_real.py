@@ -17,7 +17,7 @@ import time
 import pytest
 
 from failure_record import record
-from seer.fleet.telemetry import parse_prometheus
+from seer.procs.prometheus import parse_prometheus
 from seer.scheduler import RolloutDriver, RolloutError, SchedulerConfig
 from seer.tasks import TaskConfig, encode_prompts, load_task
 from seer.types import PromptSpec, SamplingParams

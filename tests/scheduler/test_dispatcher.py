@@ -91,7 +91,7 @@ def test_next_chunk_prompt_is_prompt_plus_generated_and_seeds_are_per_chunk():
 
 def test_telemetry_sets_capacity_and_block_size():
     from seer.types import Telemetry
-    from seer.fleet.telemetry import telemetry_from_metrics
+    from seer.procs.vllm_metrics import telemetry_from_metrics
 
     text = ('vllm:cache_config_info{block_size="128",num_gpu_blocks="64",kv_cache_size_tokens="None"} 1.0\n'
             'vllm:kv_cache_usage_perc{engine="0"} 0.25\n')
@@ -106,7 +106,8 @@ def test_telemetry_sets_capacity_and_block_size():
 
 
 def test_telemetry_reads_only_its_metrics_and_ignores_histogram_buckets():
-    from seer.fleet.telemetry import parse_prometheus, telemetry_from_metrics
+    from seer.procs.prometheus import parse_prometheus
+    from seer.procs.vllm_metrics import telemetry_from_metrics
 
     text = "\n".join([
         "# HELP vllm:num_requests_running Number of requests",

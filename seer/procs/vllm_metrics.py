@@ -1,4 +1,5 @@
-"""Parse a vLLM instance's Prometheus /metrics text into a Telemetry snapshot.
+"""A vLLM instance's Prometheus /metrics text as the records Seer reads: a Telemetry snapshot, and
+its speculative-decoding counters (acceptance is judged by the engine's numbers, not the proposer's).
 
 Schedulers place work by free KV memory and queue depth; vLLM already exports both, so we
 read them rather than instrumenting the engine.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import time
 
 from seer.procs.prometheus import parse_prometheus
-from seer.types import Telemetry
+from seer.types import SpecDecodeCounters, Telemetry
 
 def _sum(samples, name: str, **match: str) -> float:
     return sum(
@@ -67,3 +68,8 @@ def telemetry_from_metrics(instance: str, text: str, now: float | None = None) -
         external_prefix_cache_hits=int(_sum(s, "vllm:external_prefix_cache_hits_total")),
         block_size=kv_block_size(s),
     )
+
+
+def spec_decode_counters(text: str) -> SpecDecodeCounters:
+    """The engine's draft counters (summed over engines); a phase is the difference of two readings."""
+    return telemetry_from_metrics("", text).spec
