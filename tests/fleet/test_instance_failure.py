@@ -130,7 +130,8 @@ def test_killed_and_hung_instances_lose_no_sample(three_instances, tiny_model):
     assert pool.names == ["f0"] and not dead.alive() and not hung.alive()
     when = {name: t - state["at"] for name, _, t in result.dropped}
     assert when["f2"] < KILL_DROP_S, when
-    assert HANG_TIMEOUT_S <= when["f1"] < HANG_TIMEOUT_S + HANG_EXTRA_S, when
+    # silence counts from the last sign of life, up to a telemetry interval before the stop
+    assert HANG_TIMEOUT_S - 1.0 <= when["f1"] < HANG_TIMEOUT_S + HANG_EXTRA_S, when
     wall_bound = 3 * reference.wall_s + HANG_TIMEOUT_S + ROLLOUT_EXTRA_S
     assert wall < wall_bound, f"rollout {wall:.1f} s with the faults, {reference.wall_s:.1f} s without"
     record("instance_loss", "tests/fleet/test_instance_failure.py::test_killed_and_hung_instances_lose_no_sample",
