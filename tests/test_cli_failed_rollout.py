@@ -1,0 +1,25 @@
+"""`seer-run` reports a failed rollout (every instance down mid-rollout, a request past its retries)
+as one error line and exit 1, as README.md's "Failure behaviour" table shows (no vLLM: the loop is
+replaced by one that raises what the rollout driver raises)."""
+
+import pytest
+
+from seer import cli, loop
+from seer.fleet import FleetError
+from seer.scheduler import RolloutError
+
+
+@pytest.mark.parametrize("error", [
+    RolloutError("every instance is down: inst0: dead: x; inst1: dead: y"),
+    RolloutError("it0-g3-s0 failed 4 times; last on inst0: InstanceError('rejected (400)')"),
+    FleetError("every instance is down (before the rollout): inst0, inst1"),
+])
+def test_a_failed_rollout_is_one_error_line_and_exit_1(error, monkeypatch, capsys, tmp_path):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(loop, "run", fail)
+    assert cli.main(["--sync", "--run-dir", str(tmp_path / "run"), "--set", "model.preset=tiny"]) == 1
+    out = capsys.readouterr().out
+    assert f"seer-run: {error}" in " ".join(out.split()), out
+    assert "Traceback" not in out
