@@ -194,8 +194,8 @@ def test_client_without_server_returns_empty_drafts_and_never_raises():
 
 
 def test_cli_serves_health_and_shuts_down_gracefully():
-    proc = subprocess.Popen([sys.executable, "-m", "seer.dgds.server.cli", "serve", "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "seer.dgds.server.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                             "--insecure"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert "serving on 127.0.0.1:" in line, line + proc.stderr.read()

@@ -205,7 +205,7 @@ def test_draft_server_restart_mid_rollout_is_harmless(modes, dgds_vllm):
 
     down = asyncio.run(wave("down-t-"))
     assert down == modes["group"][0]  # greedy: the same tokens as with drafts, decoding never stalled
-    new = DgdsServer("127.0.0.1", dgds_vllm.dgds.port).start()
+    new = DgdsServer("127.0.0.1", dgds_vllm.dgds.port, token=dgds_vllm.token).start()
     try:
         back, c = asyncio.run(_probe_then_siblings(client, new, dgds_vllm.prompts, "back-t-"))
         assert _strip("back-t-", back) == modes["group"][0]

@@ -1,38 +1,66 @@
-"""``seer-dgds serve --host 127.0.0.1 --port P``: run the draft server until SIGINT/SIGTERM."""
+"""``seer-dgds serve --host 127.0.0.1 --port P``: run the draft server until SIGINT/SIGTERM.
+
+The server's secret comes from the environment (``SEER_DGDS_TOKEN``) or a file (``--token-file``),
+never from the command line, which every local user can read in /proc. Without one it refuses to
+start unless ``--insecure`` says that everyone who can reach the address may use it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
+from seer.dgds.server.config import TOKEN_ENV
 from seer.dgds.server.group_store import Limits
+
+
+def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    if args.token_file is not None:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            parser.error(f"--token-file: {e}")
+        if not token:
+            parser.error(f"--token-file {args.token_file} is empty")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    if not args.insecure:
+        parser.error(f"no secret: set {TOKEN_ENV} or --token-file PATH (or --insecure to serve without one)")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seer-dgds", description="Seer's Distributed Grouped Draft Server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gRPC draft server")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="the only address it listens on")
     serve.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed on start)")
     serve.add_argument("--max-depth", type=int, default=64, help="suffix tree depth bound")
     serve.add_argument("--max-groups", type=int, default=Limits.max_groups)
     serve.add_argument("--max-tokens-per-update", type=int, default=Limits.max_tokens_per_update)
-    serve.add_argument("--workers", type=int, default=8)
     serve.add_argument("--reap-interval", type=float, default=1.0, help="seconds between TTL sweeps")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get at shutdown")
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--token-file", help=f"file holding the secret clients must send (else ${TOKEN_ENV})")
+    serve.add_argument("--insecure", action="store_true", help="serve without a secret if none is given")
     args = parser.parse_args(argv)
+    token = _token(args, serve)
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from seer.dgds.server.grpc_server import DgdsServer  # after arg parsing: --help stays fast
 
     limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update)
     server = DgdsServer(args.host, args.port, max_depth=args.max_depth, limits=limits,
-                        max_workers=args.workers, reap_interval_s=args.reap_interval).start()
-    print(f"seer-dgds serving on {server.address}", flush=True)
+                        reap_interval_s=args.reap_interval, token=token).start()
+    auth = "secret required" if token else "no secret: --insecure"
+    print(f"seer-dgds ({auth}) serving on {server.address}", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

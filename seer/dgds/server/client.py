@@ -4,14 +4,16 @@ Decoding must never wait on the draft server, so the caller-facing methods only 
 
 * ``register_group(group_id, ttl_seconds)`` and ``append(group_id, request_id, tokens)`` enqueue and
   return at once (O(1)); a background thread registers groups, applies the appended tokens to the
-  local replica of each group, sends them to the server in batches of ``update_batch_tokens`` per
-  request (``UpdateCst``), and fetches the other instances' tokens every ``fetch_interval_s``
-  (``FetchCst``, incremental).
+  local replica of each group, and every cycle sends one packed message on a long-lived stream
+  (``SyncStream``): the requests' unsent tokens in batches of ``update_batch_tokens`` per request,
+  and, every ``fetch_interval_s``, the fetch of all its groups' increments (the other instances'
+  tokens) in the same message.
 * ``batch_speculate(rows)`` drafts for many requests at once from the local replicas: no RPC.
 
 If the server is unreachable, groups stay unregistered (no replica) and speculation returns empty
 drafts; the thread retries with backoff, and nothing raises into the caller. Tokens are kept until
 the server acknowledges them, and a group the server lost (restart) is registered again and resent.
+The run's secret comes from ``SEER_DGDS_TOKEN`` (or ``token=``) and travels in each call's metadata.
 
 Typical use by a proposer::
 
@@ -28,6 +30,8 @@ Typical use by a proposer::
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 import time
 from collections import deque
@@ -37,11 +41,13 @@ from typing import Iterable, Sequence
 import grpc
 
 from seer.dgds.tree.drafting import draft
+from seer.dgds.server.group_store import pack_u32, u32, unpack_u32
 from seer.dgds.server.proto import dgds_pb2 as pb
 from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.replica import GroupReplica, ReplicaGap
-from seer.dgds.server.grpc_server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
-from seer.dgds.types import Draft, Segment, SpeculateRow
+from seer.dgds.server.config import TOKEN_ENV
+from seer.dgds.server.grpc_server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY, auth_metadata
+from seer.dgds.types import Draft, SpeculateRow
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,33 @@ class _Group:
     finish_on_server: bool = False
 
 
+class _Stream:
+    """One open SyncStream call: ``exchange`` sends a request and waits for its response; one that
+    takes longer than ``timeout_s`` cancels the call (RpcError; the caller then opens a new one)."""
+
+    _END = object()
+
+    def __init__(self, stub: pb_grpc.DraftServerStub, metadata):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = stub.SyncStream(iter(self._requests.get, self._END), metadata=metadata)
+
+    def exchange(self, request: pb.SyncRequest, timeout_s: float) -> pb.SyncResponse:
+        self._requests.put(request)
+        timer = threading.Timer(timeout_s, self._call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            return next(self._call)
+        except StopIteration:  # the server ended the stream (it is shutting down)
+            raise self._call from None
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self._requests.put(self._END)
+        self._call.cancel()
+
+
 @dataclass(frozen=True)
 class ClientStats:
     groups: int
@@ -96,10 +129,12 @@ class DraftClient:
         max_fetch_tokens: int = 1_000_000,
         max_message_bytes: int = 64 * 1024 * 1024,
         default_ttl_s: float = 600.0,
+        token: str | None = None,
     ):
         """``update_batch_tokens``: a request's tokens are sent once this many are unsent (or after
         ``flush_interval_s``, or on finish_request/flush). ``fetch_interval_s``: period of the
-        incremental fetch of all registered groups."""
+        incremental fetch of all registered groups. ``token``: the server's secret (default: the
+        ``SEER_DGDS_TOKEN`` environment variable; none if unset)."""
         if update_batch_tokens < 1:
             raise ValueError("update_batch_tokens must be >= 1")
         self.address = address
@@ -119,6 +154,8 @@ class DraftClient:
             ],
         )
         self._stub = pb_grpc.DraftServerStub(self._channel)
+        self._metadata = auth_metadata(token if token is not None else os.environ.get(TOKEN_ENV))
+        self._stream: _Stream | None = None
         self._lock = threading.Lock()  # guards _groups and the replicas
         # (kind, group_id, request_id, tokens, ttl): deque appends are atomic, so callers never lock
         self._inbox: deque[tuple[str, str, str, list[int] | None, float]] = deque()
@@ -232,6 +269,8 @@ class DraftClient:
         self._closed.set()
         self._wake.set()
         self._thread.join(timeout=5.0)
+        if self._stream is not None:
+            self._stream.close()
         self._channel.close()
 
     def __enter__(self) -> DraftClient:
@@ -273,11 +312,11 @@ class DraftClient:
         ok = self._register_pending()
         now = time.monotonic()
         flush = force or now - self._last_flush >= self.flush_interval_s
-        ok = self._send_updates(flush) and ok
+        fetch = force or now - self._last_fetch >= self.fetch_interval_s
+        ok = self._sync(flush, fetch) and ok
         if flush:
             self._last_flush = now
-        if force or now - self._last_fetch >= self.fetch_interval_s:
-            ok = self._fetch() and ok
+        if fetch:
             self._last_fetch = now
         ok = self._finish_pending() and ok
         return ok
@@ -314,10 +353,23 @@ class DraftClient:
 
     def _call(self, method, request):
         try:
-            return method(request, timeout=self.rpc_timeout_s), None
+            return method(request, timeout=self.rpc_timeout_s, metadata=self._metadata), None
         except grpc.RpcError as e:
             self._stats["rpc_errors"] += 1
             return None, e
+
+    def _exchange(self, request: pb.SyncRequest) -> pb.SyncResponse | None:
+        """One message on the stream (opened when needed, dropped after any error)."""
+        try:
+            if self._stream is None:
+                self._stream = _Stream(self._stub, self._metadata)
+            return self._stream.exchange(request, self.rpc_timeout_s)
+        except grpc.RpcError as e:
+            self._stats["rpc_errors"] += 1
+            log.debug("sync failed: %s", e.code())
+            self._stream.close()
+            self._stream = None
+            return None
 
     def _unknown_groups(self, err: grpc.RpcError) -> list[str]:
         if err.code() != grpc.StatusCode.NOT_FOUND:
@@ -325,10 +377,13 @@ class DraftClient:
         return [v for k, v in (err.trailing_metadata() or ()) if k == UNKNOWN_GROUP_KEY]
 
     def _lost(self, err: grpc.RpcError) -> list[str]:
-        """Handle NOT_FOUND: groups finished or expired on the server are dropped here too; groups
-        it does not know at all (a restart) are registered again and their tokens resent."""
-        lost = self._unknown_groups(err)
+        """Handle NOT_FOUND (the unknown groups are in the trailing metadata)."""
         ended = {v for k, v in (err.trailing_metadata() or ()) if k == ENDED_GROUP_KEY}
+        return self._forget(self._unknown_groups(err), ended)
+
+    def _forget(self, lost: Sequence[str], ended: set[str]) -> list[str]:
+        """Groups finished or expired on the server are dropped here too; groups it does not know
+        at all (a restart) are registered again and their tokens resent."""
         with self._lock:
             for gid in lost:
                 if gid in ended:
@@ -341,8 +396,8 @@ class DraftClient:
                     for own in g.own.values():
                         own.acked = 0
                     if g.replica is not None:
-                        g.replica.cursor = 0
-        return lost
+                        g.replica.reset_cursor()
+        return list(lost)
 
     def _register_pending(self) -> bool:
         with self._lock:
@@ -375,8 +430,14 @@ class DraftClient:
                 g.unapplied.clear()
         return ok
 
-    def _send_updates(self, flush: bool) -> bool:
-        updates: list[pb.CstUpdate] = []
+    def _sync(self, flush: bool, fetch: bool) -> bool:
+        """Send the unsent tokens that are due and, if ``fetch``, fetch every replica's increment:
+        one packed message (more only while the server cuts increments short by max_tokens)."""
+        gids: dict[str, int] = {}  # group id -> index in the message
+        rids: list[str] = []
+        app_group, app_prev, app_len = [], [], []
+        tokens = u32()
+        fetches: list[tuple[str, GroupReplica]] = []
         with self._lock:
             for gid, g in self._groups.items():
                 if not g.registered or g.replica is None:
@@ -385,69 +446,86 @@ class DraftClient:
                     seq = g.replica.tokens(rid)
                     unsent = len(seq) - own.acked
                     if unsent > 0 and (flush or own.finished or unsent >= self.update_batch_tokens):
-                        updates.append(pb.CstUpdate(group_id=gid, request_id=rid, prev_token_count=own.acked,
-                                                    new_tokens=seq[own.acked:]))
-        if not updates:
-            return True
-        resp, err = self._call(self._stub.UpdateCst, pb.UpdateCstRequest(updates=updates))
-        if err is not None:
-            self._lost(err)
-            log.debug("update_cst failed: %s", err.code())
-            return False
-        self._stats["update_calls"] += 1
-        with self._lock:
-            for u, r in zip(updates, resp.results):
-                g = self._groups.get(u.group_id)
-                if g is None or u.request_id not in g.own:
-                    continue
-                own = g.own[u.request_id]
-                if r.status == pb.CONFLICT:
-                    log.warning("server holds different tokens for %s/%s", u.group_id, u.request_id)
-                    own.acked = max(own.acked, r.committed_token_count)
-                    continue
-                own.acked = max(own.acked, min(r.committed_token_count, len(g.replica.tokens(u.request_id))))
-                self._stats["tokens_sent"] += len(u.new_tokens)
-        return True
-
-    def _fetch(self) -> bool:
-        with self._lock:
-            cursors = {gid: (g.replica, g.replica.cursor) for gid, g in self._groups.items()
-                       if g.registered and g.replica is not None}
+                        rids.append(rid)
+                        app_group.append(gids.setdefault(gid, len(gids)))
+                        app_prev.append(own.acked)
+                        app_len.append(unsent)
+                        tokens.extend(seq[own.acked:])
+                if fetch:
+                    fetches.append((gid, g.replica))
+        sent = list(zip(app_group, rids))
         ok = True
-        while cursors:
-            req = pb.FetchCstRequest(
-                caches=[pb.CacheState(group_id=gid, log_offset=c) for gid, (_, c) in cursors.items()],
-                max_tokens=self.max_fetch_tokens,
+        while sent or fetches:
+            for gid, _ in fetches:
+                gids.setdefault(gid, len(gids))
+            known = [len(r.server_names) for _, r in fetches]
+            cursors = [r.cursor for _, r in fetches]
+            request = pb.SyncRequest(
+                group_ids=list(gids), request_ids=rids, append_group=app_group, append_prev=app_prev,
+                append_len=app_len, tokens=pack_u32(tokens), fetch_group=[gids[gid] for gid, _ in fetches],
+                fetch_cursor=cursors, fetch_known=known, max_tokens=self.max_fetch_tokens,
             )
-            resp, err = self._call(self._stub.FetchCst, req)
-            if err is not None:
-                lost = self._lost(err)
-                if not lost:
-                    return False
+            resp = self._exchange(request)
+            if resp is None:
+                return False
+            names = list(gids)
+            self._stats["update_calls"] += bool(sent)
+            self._stats["fetch_calls"] += bool(fetches)
+            if resp.unknown_groups:
                 ok = False
-                for gid in lost:
-                    cursors.pop(gid, None)
-                continue
-            self._stats["fetch_calls"] += 1
-            again = {}
+                ended = {names[i] for i in resp.ended_groups}
+                self._forget([names[i] for i in resp.unknown_groups], ended)
             with self._lock:
-                for inc in resp.groups:
-                    replica, _ = cursors[inc.group_id]
-                    g = self._groups.get(inc.group_id)
-                    if g is None or g.replica is not replica:
-                        continue  # finished, expired or rebuilt meanwhile
-                    segs = [Segment(s.request_id, s.start, tuple(s.tokens)) for s in inc.segments]
-                    try:
-                        replica.apply_delta(inc.start, inc.next, segs)
-                    except ReplicaGap as e:  # should not happen; refetch from scratch
-                        log.warning("%s; refetching the group", e)
-                        replica.cursor = 0
-                        continue
-                    self._stats["tokens_fetched"] += sum(len(s.tokens) for s in segs)
-                    if inc.more:
-                        again[inc.group_id] = (replica, replica.cursor)
-            cursors = again
+                self._acknowledge(names, sent, app_len, resp)
+                again = self._apply_fetched(fetches, cursors, known, resp)
+            sent, rids, app_group, app_prev, app_len, tokens = [], [], [], [], [], u32()
+            gids, fetches = {}, again
         return ok
+
+    def _acknowledge(self, names: list[str], sent: list[tuple[int, str]], lengths: list[int],
+                     resp: pb.SyncResponse) -> None:
+        for (gi, rid), n, status, committed in zip(sent, lengths, resp.append_status, resp.committed):
+            gid = names[gi]
+            g = self._groups.get(gid)
+            if g is None or rid not in g.own or status == pb.UNKNOWN_GROUP:
+                continue
+            own = g.own[rid]
+            if status == pb.CONFLICT:
+                log.warning("server holds different tokens for %s/%s", gid, rid)
+                own.acked = max(own.acked, committed)
+                continue
+            own.acked = max(own.acked, min(committed, len(g.replica.tokens(rid))))
+            self._stats["tokens_sent"] += n
+
+    def _apply_fetched(self, fetches: list[tuple[str, GroupReplica]], cursors: list[int], known: list[int],
+                       resp: pb.SyncResponse) -> list[tuple[str, GroupReplica]]:
+        """Apply each fetch's increment to its replica; the fetches to repeat (cut short)."""
+        segments = unpack_u32(resp.segments).tolist()
+        tokens = unpack_u32(resp.tokens).tolist()
+        more = set(resp.more)
+        again = []
+        seg = tok = name = 0
+        for k, ((gid, replica), start, n_known, nxt, n_seg, n_new) in enumerate(
+                zip(fetches, cursors, known, resp.fetch_next, resp.fetch_segments, resp.fetch_new_requests)):
+            segs = segments[3 * seg : 3 * (seg + n_seg)]
+            n_tok = sum(segs[2::3])
+            seg_tokens = tokens[tok : tok + n_tok]
+            new_names = resp.request_ids[name : name + n_new]
+            seg, tok, name = seg + n_seg, tok + n_tok, name + n_new
+            g = self._groups.get(gid)
+            if g is None or g.replica is not replica or not g.registered:
+                continue  # finished, expired, lost or rebuilt meanwhile
+            try:
+                applied = replica.apply_packed(start, nxt, n_known, new_names, segs, seg_tokens)
+            except ReplicaGap as e:  # should not happen; refetch from scratch
+                log.warning("%s; refetching the group", e)
+                replica.reset_cursor()
+                continue
+            if applied:
+                self._stats["tokens_fetched"] += n_tok
+                if k in more:
+                    again.append((gid, replica))
+        return again
 
     def _finish_pending(self) -> bool:
         with self._lock:

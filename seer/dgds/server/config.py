@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# The run's DGDS secret: read by `seer-dgds serve`, DraftClient (and so the proposer inside vLLM) and
+# seer-run joining a server at dgds.address. An environment variable only: never a config field or
+# a command-line argument (any local user can read those in /proc/<pid>/cmdline).
+TOKEN_ENV = "SEER_DGDS_TOKEN"
+
 
 @dataclass(frozen=True)
 class DGDSConfig:

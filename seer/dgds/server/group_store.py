@@ -1,8 +1,12 @@
 """The draft server's state: registered groups, their trees, TTLs and append logs (no gRPC here).
 
 Each group keeps one suffix tree over all its requests, plus an append log of (request, start,
-length) segments in the order the server applied them. A client's replica is "the log up to
-offset c"; ``fetch`` returns the segments after c, so increments cost what is new, not the tree.
+length) segments in the order the server applied them, kept by the tree itself (packed, in C). A
+client's replica is "the log up to offset c"; ``fetch`` returns the segments after c, so
+increments cost what is new, not the tree. ``sync`` takes one packed message of many groups'
+appends and fetches and answers it with one C call for all the fetches and one per in-order
+append (``log_fetch``, ``SuffixTree.append_at``): that is what lets one server core feed every
+replica of every group.
 
 Updates carry ``prev_token_count`` (how many tokens of that request precede the batch), which makes
 them idempotent and reorder-safe: a batch the server already has is acknowledged and dropped, an
@@ -13,14 +17,16 @@ until the gap fills.
 from __future__ import annotations
 
 import enum
+import sys
 import threading
+from array import array
 from collections import OrderedDict
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from seer.dgds.tree.drafting import draft
-from seer.dgds.tree.suffix_tree import SuffixTree
+from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch
 from seer.dgds.types import Draft, DraftParams, Segment
 
 
@@ -74,6 +80,7 @@ class UpdateStatus(enum.IntEnum):
     DUPLICATE = 2  # the server had all of them already
     BUFFERED = 3  # arrived ahead of a gap; applied once the gap fills
     CONFLICT = 4  # overlaps tokens the server has, with different values; dropped
+    UNKNOWN_GROUP = 5  # sync only: the group is not registered; nothing applied
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,79 @@ class GroupDelta:
     more: bool
 
 
+def u32(values=()) -> array:
+    """A flat uint32 array (the packed wire format's token and segment arrays)."""
+    return array("I", values)
+
+
+if u32().itemsize != 4:  # pragma: no cover - every platform CPython supports has a 4-byte C int
+    raise ImportError("seer.dgds needs a 4-byte array('I')")
+LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def unpack_u32(data: bytes) -> array:
+    """Little-endian uint32 bytes (the wire format) as an array."""
+    if len(data) % 4:
+        raise Malformed("packed uint32 field of a length that is not a multiple of 4")
+    out = u32()
+    out.frombytes(data)
+    if not LITTLE_ENDIAN:  # pragma: no cover
+        out.byteswap()
+    return out
+
+
+def pack_u32(values: array) -> bytes:
+    """An array('I') as little-endian bytes."""
+    if LITTLE_ENDIAN:
+        return values.tobytes()
+    swapped = array("I", values)  # pragma: no cover
+    swapped.byteswap()  # pragma: no cover
+    return swapped.tobytes()  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class SyncBatch:
+    """One packed sync message (see protos/dgds.proto, SyncRequest): appends, then fetches, of
+    groups named once in ``group_ids`` and referred to by index; tokens flat, in order."""
+
+    group_ids: Sequence[str] = ()
+    request_ids: Sequence[str] = ()
+    append_group: Sequence[int] = ()
+    append_prev: Sequence[int] = ()
+    append_len: Sequence[int] = ()
+    tokens: bytes = b""  # little-endian uint32, the appends' tokens in order
+    fetch_group: Sequence[int] = ()
+    fetch_cursor: Sequence[int] = ()
+    fetch_known: Sequence[int] = ()
+    max_tokens: int = 0
+
+
+@dataclass
+class SyncResult:
+    """The answer to a SyncBatch (see SyncResponse): per append a status and committed count, per
+    fetch the next cursor and how many segments and new request ids of ``segments`` /
+    ``request_ids`` are its; ``unknown`` / ``ended`` index ``group_ids``."""
+
+    append_status: bytearray
+    committed: list[int]
+    fetch_next: list[int] = field(default_factory=list)
+    fetch_segments: list[int] = field(default_factory=list)
+    fetch_new_requests: list[int] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    segments: bytes = b""  # little-endian uint32 (request index, start, length) triples
+    tokens: bytes = b""  # little-endian uint32
+    more: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)
+
+
 @dataclass
 class GroupState:
-    """One group: its tree, the request -> sequence map, the append log and its lease."""
+    """One group: its tree, the request -> sequence map, the append log and its lease.
+
+    The log lives in the tree (``SuffixTree(log=True)``): every extend of it is a segment, which
+    ``log_fetch`` hands out packed.
+    """
 
     group_id: str
     tree: SuffixTree
@@ -112,7 +189,6 @@ class GroupState:
     expires_at: float
     request_index: dict[str, int] = field(default_factory=dict)
     request_ids: list[str] = field(default_factory=list)
-    log: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, start, length)
     pending: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
     def seq_of(self, request_id: str) -> int:
@@ -123,15 +199,18 @@ class GroupState:
             self.request_ids.append(request_id)
         return idx
 
-    def apply(self, request_id: str, prev: int, tokens: tuple[int, ...], limits: Limits) -> UpdateOutcome:
-        idx = self.seq_of(request_id)
+    def apply(self, request_id: str, prev: int, tokens: Sequence[int], limits: Limits) -> tuple[UpdateStatus, int]:
+        """(status, the request's contiguous tokens on the server now)."""
+        idx = self.request_index.get(request_id)
+        if idx is None:
+            idx = self.seq_of(request_id)
         seq = self.tree.seqs[idx]
         if prev > len(seq):
             waiting = self.pending.setdefault(idx, {})
             if prev not in waiting and len(waiting) >= limits.max_pending_per_request:
                 raise TooLarge(f"request {request_id!r}: too many out-of-order batches pending")
-            waiting[prev] = tokens
-            return UpdateOutcome(UpdateStatus.BUFFERED, len(seq))
+            waiting[prev] = tuple(tokens)
+            return UpdateStatus.BUFFERED, len(seq)
         status = self._append(idx, prev, tokens, limits)
         waiting = self.pending.get(idx)
         while waiting:
@@ -142,9 +221,9 @@ class GroupState:
             self._append(idx, p, waiting.pop(p), limits)
         if waiting is not None and not waiting:
             del self.pending[idx]
-        return UpdateOutcome(status, len(seq))
+        return status, len(seq)
 
-    def _append(self, idx: int, prev: int, tokens: tuple[int, ...], limits: Limits) -> UpdateStatus:
+    def _append(self, idx: int, prev: int, tokens: Sequence[int], limits: Limits) -> UpdateStatus:
         seq = self.tree.seqs[idx]
         overlap = len(seq) - prev
         if seq[prev : prev + min(overlap, len(tokens))] != list(tokens[:overlap]):
@@ -154,24 +233,21 @@ class GroupState:
             return UpdateStatus.DUPLICATE
         if self.tree.num_tokens + len(new) > limits.max_tokens_per_group:
             raise TooLarge(f"group {self.group_id!r} would exceed {limits.max_tokens_per_group} tokens")
-        start = len(seq)
         self.tree.extend(idx, new)
-        self.log.append((idx, start, len(new)))
         return UpdateStatus.APPLIED
 
     def delta(self, start: int, max_tokens: int) -> GroupDelta:
-        if start < 0 or start > len(self.log):
-            raise Malformed(f"group {self.group_id!r}: cursor {start} outside the log (0..{len(self.log)})")
-        segments: list[Segment] = []
-        total = 0
-        end = start
-        seqs = self.tree.seqs
-        while end < len(self.log) and (not segments or total + self.log[end][2] <= max_tokens):
-            idx, s, n = self.log[end]
-            segments.append(Segment(self.request_ids[idx], s, tuple(seqs[idx][s : s + n])))
-            total += n
-            end += 1
-        return GroupDelta(self.group_id, self.tree.max_depth, start, end, segments, end < len(self.log))
+        try:
+            [end], _, _, more, segs, toks = log_fetch([self.tree.core], [start], [0], max_tokens)
+        except ValueError:
+            raise Malformed(f"group {self.group_id!r}: cursor {start} outside the log (0..{self.tree.log_size})") from None
+        segs, toks, names = unpack_u32(segs), unpack_u32(toks), self.request_ids
+        segments, t0 = [], 0
+        for k in range(0, len(segs), 3):
+            n = segs[k + 2]
+            segments.append(Segment(names[segs[k]], segs[k + 1], tuple(toks[t0 : t0 + n])))
+            t0 += n
+        return GroupDelta(self.group_id, self.tree.max_depth, start, end, segments, bool(more))
 
 
 def _check_id(kind: str, value: str, limits: Limits) -> None:
@@ -227,7 +303,7 @@ class GroupStore:
                     self._reap_locked(now)
                 if len(self._groups) >= self.limits.max_groups:
                     raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
-                g = GroupState(group_id, SuffixTree(self.max_depth), ttl_seconds, now + ttl_seconds)
+                g = GroupState(group_id, SuffixTree(self.max_depth, log=True), ttl_seconds, now + ttl_seconds)
                 self._groups[group_id] = g
                 self._ended.pop(group_id, None)
             else:
@@ -302,8 +378,76 @@ class GroupStore:
             out = []
             for g, u in zip(groups, updates):
                 g.expires_at = now + g.ttl
-                out.append(g.apply(u.request_id, u.prev_token_count, tuple(u.tokens), lim))
+                out.append(UpdateOutcome(*g.apply(u.request_id, u.prev_token_count, list(u.tokens), lim)))
             return out
+
+    def sync(self, b: SyncBatch) -> SyncResult:
+        """One packed message: its fetches (as ``fetch``, from before its own appends, which its
+        sender has), then its appends (as ``update``). Groups that are not registered are answered
+        in ``unknown`` (and ``ended``) instead of failing the call; everything else is checked
+        before anything changes, so a malformed message applies nothing."""
+        lim = self.limits
+        n = len(b.request_ids)
+        ng = len(b.group_ids)
+        if not len(b.append_group) == len(b.append_prev) == len(b.append_len) == n:
+            raise Malformed("request_ids, append_group, append_prev and append_len differ in length")
+        if not len(b.fetch_group) == len(b.fetch_cursor) == len(b.fetch_known):
+            raise Malformed("fetch_group, fetch_cursor and fetch_known differ in length")
+        if n > lim.max_updates_per_call:
+            raise TooLarge(f"more than {lim.max_updates_per_call} updates in one call")
+        if 4 * sum(b.append_len) != len(b.tokens):
+            raise Malformed("tokens do not hold sum(append_len) uint32 tokens")
+        for kind, ids in (("group_id", b.group_ids), ("request_id", b.request_ids)):
+            if ids and (not all(ids) or max(map(len, ids)) > lim.max_id_len):
+                for i in ids:
+                    _check_id(kind, i, lim)
+        if n:
+            if max(b.append_group) >= ng:
+                raise Malformed("append_group out of range")
+            if min(b.append_prev) < 0:
+                raise Malformed("prev_token_count must be >= 0")
+            if max(b.append_len) > lim.max_tokens_per_update:
+                raise TooLarge(f"more than {lim.max_tokens_per_update} tokens in one update")
+        if b.fetch_group and max(b.fetch_group) >= ng:
+            raise Malformed("fetch_group out of range")
+        budget = min(b.max_tokens if b.max_tokens > 0 else lim.max_fetch_tokens, lim.max_fetch_tokens)
+        buf, max_group = b.tokens, lim.max_tokens_per_group
+        with self._lock:
+            now = self.clock()
+            groups = list(map(self._groups.get, b.group_ids))
+            if None in groups or any([g.expires_at <= now for g in groups if g is not None]):
+                groups = [self._live(gid, now) for gid in b.group_ids]
+            cores = [None if g is None else g.tree.core for g in groups]
+            fetched = list(map(cores.__getitem__, b.fetch_group))
+            try:
+                nxt, nseg, nnew, more, segs, toks = log_fetch(fetched, b.fetch_cursor, b.fetch_known, budget)
+            except ValueError as e:
+                raise Malformed(str(e)) from None
+            res = SyncResult(bytearray(n), [0] * n, nxt, nseg, nnew, [], segs, toks, more)
+            for k in [k for k, m in enumerate(nnew) if m]:
+                names = groups[b.fetch_group[k]].request_ids
+                res.request_ids.extend(names[len(names) - nnew[k]:])
+            status, committed = res.append_status, res.committed
+            off = 0
+            for k, (gi, rid, prev, m) in enumerate(zip(b.append_group, b.request_ids, b.append_prev, b.append_len)):
+                g = groups[gi]
+                if g is None:
+                    status[k] = UpdateStatus.UNKNOWN_GROUP
+                    off += m
+                    continue
+                g.expires_at = now + g.ttl
+                idx = g.request_index.get(rid)
+                if idx is not None and not g.pending:  # in order: one C call
+                    length = g.tree.append_at(idx, prev, buf, off, m, max_group)
+                    if length >= 0:
+                        status[k], committed[k] = UpdateStatus.APPLIED, length
+                        off += m
+                        continue
+                status[k], committed[k] = g.apply(rid, prev, unpack_u32(buf[4 * off : 4 * (off + m)]).tolist(), lim)
+                off += m
+            res.unknown = [i for i, g in enumerate(groups) if g is None]
+            res.ended = [i for i in res.unknown if b.group_ids[i] in self._ended]
+            return res
 
     def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
         """fetch_cst: for each (group, log offset) the segments the caller lacks."""
@@ -352,7 +496,7 @@ class GroupStore:
                 "requests": sum(len(g.request_ids) for g in groups),
                 "tokens": sum(g.tree.num_tokens for g in groups),
                 "nodes": sum(g.tree.num_nodes for g in groups),
-                "log_segments": sum(len(g.log) for g in groups),
+                "log_segments": sum(g.tree.log_size for g in groups),
                 "expired_total": self.expired_total,
             }
 

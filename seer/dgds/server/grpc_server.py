@@ -1,26 +1,35 @@
 """The gRPC draft server: GroupStore behind the DraftServer service, plus grpc.health.v1.
 
+The server is asyncio gRPC on a loop thread of its own (``DgdsServer`` keeps a blocking facade):
+every handler runs on that one thread, so the store's lock is never contended and a long-lived
+``SyncStream`` costs no thread while it waits (one per instance, however many instances).
+
 Errors map to status codes (the server keeps serving after any of them): Malformed ->
 INVALID_ARGUMENT, TooLarge -> RESOURCE_EXHAUSTED (also what gRPC itself returns for messages over
-``max_message_bytes``), UnknownGroups -> NOT_FOUND with the ids in trailing metadata.
+``max_message_bytes``), UnknownGroups -> NOT_FOUND with the ids in trailing metadata. With a
+``token``, calls without ``authorization: Bearer <token>`` metadata get UNAUTHENTICATED (compared
+in constant time); grpc.health.v1 answers without it, for liveness probes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hmac
 import logging
 import threading
 import time
-from concurrent import futures
 from typing import Callable
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
-from seer.dgds.server.group_store import DgdsError, GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update
+from seer.dgds.server.group_store import (DgdsError, GroupStore, Limits, Malformed, SyncBatch, TooLarge, UnknownGroups,
+                                          Update)
 from seer.dgds.server.metrics import RpcMetrics
 from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.types import DraftParams
 
 log = logging.getLogger(__name__)
@@ -28,10 +37,21 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "seer.dgds.v1.DraftServer"
 UNKNOWN_GROUP_KEY = "seer-dgds-unknown-group"
 ENDED_GROUP_KEY = "seer-dgds-ended-group"  # subset of the unknown ones: finished or expired
+AUTH_KEY = "authorization"  # metadata key; value "Bearer <token>"
+_HEALTH_PREFIX = "/grpc.health.v1.Health/"
 # Rough memory per tree node and per stored token, sized for the pure-Python tree's objects; the
 # compiled core's nodes are 56-byte structs, so for it the node share is an upper bound.
 NODE_BYTES = 150
 TOKEN_BYTES = 40
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries ``token`` (none without one)."""
+    return ((AUTH_KEY, f"Bearer {token}"),) if token else ()
 
 
 def params_from_pb(p: pb.DraftParams) -> DraftParams:
@@ -48,60 +68,100 @@ def params_to_pb(p: DraftParams) -> pb.DraftParams:
     )
 
 
-def _rpc(method: Callable) -> Callable:
-    """Time the call, count it, and turn DgdsErrors into status codes."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self: DraftServicer, request, context: grpc.ServicerContext):
-        t0 = time.perf_counter()
-        ok = False
-        try:
-            out = method(self, request, context)
-            ok = True
-            return out
-        except UnknownGroups as e:
-            context.set_trailing_metadata(
-                [(UNKNOWN_GROUP_KEY, g) for g in e.group_ids[:100]] + [(ENDED_GROUP_KEY, g) for g in e.ended[:100]]
-            )
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except Malformed as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except TooLarge as e:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except DgdsError as e:  # pragma: no cover - every subclass is handled above
-            context.abort(grpc.StatusCode.INTERNAL, str(e))
-        finally:
-            self.metrics.observe(name, time.perf_counter() - t0, ok)
-
-    return wrapper
+def sync_batch(request: pb.SyncRequest) -> SyncBatch:
+    """A SyncRequest unpacked for the store."""
+    return SyncBatch(
+        list(request.group_ids), list(request.request_ids), list(request.append_group), list(request.append_prev),
+        list(request.append_len), request.tokens, list(request.fetch_group), list(request.fetch_cursor),
+        list(request.fetch_known), request.max_tokens,
+    )
 
 
-class DraftServicer(pb_grpc.DraftServerServicer):
+def _status_of(e: DgdsError) -> tuple[grpc.StatusCode, list[tuple[str, str]]]:
+    if isinstance(e, UnknownGroups):
+        md = [(UNKNOWN_GROUP_KEY, g) for g in e.group_ids[:100]] + [(ENDED_GROUP_KEY, g) for g in e.ended[:100]]
+        return grpc.StatusCode.NOT_FOUND, md
+    if isinstance(e, Malformed):
+        return grpc.StatusCode.INVALID_ARGUMENT, []
+    if isinstance(e, TooLarge):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, []
+    return grpc.StatusCode.INTERNAL, []  # pragma: no cover - every subclass is handled above
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: DgdsError):
+    code, md = _status_of(e)
+    if md:
+        context.set_trailing_metadata(md)
+    await context.abort(code, str(e))
+
+
+def _rpc(request_type: type) -> Callable:
+    """Parse the request (a malformed one is INVALID_ARGUMENT, not gRPC's UNKNOWN), time the call,
+    count it, and turn DgdsErrors into status codes."""
+
+    def decorate(method: Callable) -> Callable:
+        name = method.__name__
+
+        @functools.wraps(method)
+        async def wrapper(self: DraftServicer, raw: bytes, context: grpc.aio.ServicerContext):
+            t0 = time.perf_counter()
+            ok = False
+            try:
+                out = method(self, _parse(request_type, raw))
+                ok = True
+                return out
+            except DgdsError as e:
+                await _abort(context, e)
+            finally:
+                self.metrics.observe(name, time.perf_counter() - t0, ok)
+
+        return wrapper
+
+    return decorate
+
+
+def _parse(request_type: type, raw: bytes):
+    try:
+        return request_type.FromString(raw)
+    except DecodeError as e:
+        raise Malformed(f"not a valid {request_type.__name__}: {e}") from None
+
+
+class DraftServicer:
+    """The DraftServer service of protos/dgds.proto. Requests arrive as bytes and are parsed here."""
+
     def __init__(self, store: GroupStore, metrics: RpcMetrics):
         self.store = store
         self.metrics = metrics
 
-    @_rpc
-    def RegisterGroup(self, request: pb.RegisterGroupRequest, context) -> pb.RegisterGroupResponse:
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service's method handlers, for grpc.aio.Server.add_generic_rpc_handlers."""
+        methods = {}
+        for name in ("RegisterGroup", "FinishGroup", "UpdateCst", "FetchCst", "Sync", "BatchSpeculate", "GetMetrics"):
+            methods[name] = grpc.unary_unary_rpc_method_handler(getattr(self, name), response_serializer=_serialize)
+        methods["SyncStream"] = grpc.stream_stream_rpc_method_handler(self.SyncStream, response_serializer=_serialize)
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+
+    @_rpc(pb.RegisterGroupRequest)
+    def RegisterGroup(self, request: pb.RegisterGroupRequest) -> pb.RegisterGroupResponse:
         depth = self.store.register(request.group_id, request.ttl_seconds, request.resume)
         return pb.RegisterGroupResponse(max_depth=depth)
 
-    @_rpc
-    def FinishGroup(self, request: pb.FinishGroupRequest, context) -> pb.FinishGroupResponse:
+    @_rpc(pb.FinishGroupRequest)
+    def FinishGroup(self, request: pb.FinishGroupRequest) -> pb.FinishGroupResponse:
         self.store.finish(request.group_id)
         return pb.FinishGroupResponse()
 
-    @_rpc
-    def UpdateCst(self, request: pb.UpdateCstRequest, context) -> pb.UpdateCstResponse:
+    @_rpc(pb.UpdateCstRequest)
+    def UpdateCst(self, request: pb.UpdateCstRequest) -> pb.UpdateCstResponse:
         updates = [Update(u.group_id, u.request_id, u.prev_token_count, u.new_tokens) for u in request.updates]
         outcomes = self.store.update(updates)
         return pb.UpdateCstResponse(
             results=[pb.UpdateResult(status=int(o.status), committed_token_count=o.committed_token_count) for o in outcomes]
         )
 
-    @_rpc
-    def FetchCst(self, request: pb.FetchCstRequest, context) -> pb.FetchCstResponse:
+    @_rpc(pb.FetchCstRequest)
+    def FetchCst(self, request: pb.FetchCstRequest) -> pb.FetchCstResponse:
         deltas = self.store.fetch([(c.group_id, c.log_offset) for c in request.caches], request.max_tokens)
         return pb.FetchCstResponse(
             groups=[
@@ -117,8 +177,32 @@ class DraftServicer(pb_grpc.DraftServerServicer):
             ]
         )
 
-    @_rpc
-    def BatchSpeculate(self, request: pb.BatchSpeculateRequest, context) -> pb.BatchSpeculateResponse:
+    def _sync(self, request: pb.SyncRequest) -> pb.SyncResponse:
+        r = self.store.sync(sync_batch(request))
+        return pb.SyncResponse(
+            append_status=bytes(r.append_status), committed=r.committed, fetch_next=r.fetch_next,
+            fetch_segments=r.fetch_segments, fetch_new_requests=r.fetch_new_requests, request_ids=r.request_ids,
+            segments=r.segments, tokens=r.tokens, more=r.more, unknown_groups=r.unknown,
+            ended_groups=r.ended,
+        )
+
+    @_rpc(pb.SyncRequest)
+    def Sync(self, request: pb.SyncRequest) -> pb.SyncResponse:
+        return self._sync(request)
+
+    async def SyncStream(self, requests, context: grpc.aio.ServicerContext):
+        async for raw in requests:
+            t0 = time.perf_counter()
+            try:
+                response = self._sync(_parse(pb.SyncRequest, raw))
+            except DgdsError as e:
+                self.metrics.observe("SyncStream", time.perf_counter() - t0, False)
+                await _abort(context, e)
+            self.metrics.observe("SyncStream", time.perf_counter() - t0, True)
+            await context.write(response)
+
+    @_rpc(pb.BatchSpeculateRequest)
+    def BatchSpeculate(self, request: pb.BatchSpeculateRequest) -> pb.BatchSpeculateResponse:
         rows = request.rows
         for r in rows:
             if not r.HasField("params"):
@@ -140,8 +224,8 @@ class DraftServicer(pb_grpc.DraftServerServicer):
             ]
         )
 
-    @_rpc
-    def GetMetrics(self, request: pb.GetMetricsRequest, context) -> pb.GetMetricsResponse:
+    @_rpc(pb.GetMetricsRequest)
+    def GetMetrics(self, request: pb.GetMetricsRequest) -> pb.GetMetricsResponse:
         s = self.store.stats()
         return pb.GetMetricsResponse(
             groups=s["groups"],
@@ -153,16 +237,44 @@ class DraftServicer(pb_grpc.DraftServerServicer):
             uptime_s=time.monotonic() - self.metrics.started,
             rpcs=[
                 pb.RpcMetrics(method=r.method, calls=r.calls, errors=r.errors, rate_per_s=r.rate_per_s,
-                              p50_ms=r.p50_ms, p99_ms=r.p99_ms)
+                              p50_ms=r.p50_ms, p99_ms=r.p99_ms, total_p50_ms=r.total_p50_ms,
+                              total_p99_ms=r.total_p99_ms, max_ms=r.max_ms)
                 for r in self.metrics.summary()
             ],
         )
 
 
+class _RequireToken(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED for every call but health checks without ``authorization: Bearer <token>``."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_HEALTH_PREFIX):
+            return handler
+        for key, value in details.invocation_metadata or ():
+            if key == AUTH_KEY:
+                got = value if isinstance(value, bytes) else value.encode()
+                if hmac.compare_digest(got, self._expected):
+                    return handler
+                break
+
+        async def refuse(request, context: grpc.aio.ServicerContext):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong DGDS token (SEER_DGDS_TOKEN)")
+
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 class DgdsServer:
     """A running draft server: ``start()``, ``port``, ``stop(grace)``.
 
-    A reaper thread frees expired groups every ``reap_interval_s``; stop() first reports
+    ``token``: the run's secret; calls without it are refused (UNAUTHENTICATED), health checks
+    excepted. None serves everyone who can reach ``host`` (tests, an engine's embedded server).
+    A reaper task frees expired groups every ``reap_interval_s``; stop() first reports
     NOT_SERVING on the health service, then lets in-flight calls finish within ``grace``.
     """
 
@@ -173,47 +285,84 @@ class DgdsServer:
         *,
         max_depth: int = 64,
         limits: Limits = Limits(),
-        max_workers: int = 8,
         max_message_bytes: int = 64 * 1024 * 1024,
         reap_interval_s: float = 1.0,
+        token: str | None = None,
     ):
         self.store = GroupStore(max_depth, limits)
         self.metrics = RpcMetrics()
-        self.health = health.HealthServicer()
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dgds"),
+        self._reap_interval_s = reap_interval_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dgds-server", daemon=True)
+        self._thread.start()
+        self._stopped = False
+        self._reaper: asyncio.Task | None = None
+        try:
+            self.port = self._run(self._bind(host, port, max_message_bytes, token))
+        except BaseException:
+            self._close_loop()
+            raise
+        if self.port == 0:
+            self._close_loop()
+            raise RuntimeError(f"cannot bind {host}:{port}")
+        self.address = f"{host}:{self.port}"
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _bind(self, host: str, port: int, max_message_bytes: int, token: str | None) -> int:
+        self.health = health_aio.HealthServicer()
+        self._server = grpc.aio.server(
+            interceptors=[_RequireToken(token)] if token else None,
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.so_reuseport", 0),  # a second server on this port fails instead of sharing it
             ],
         )
-        pb_grpc.add_DraftServerServicer_to_server(DraftServicer(self.store, self.metrics), self._server)
+        self._server.add_generic_rpc_handlers((DraftServicer(self.store, self.metrics).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise RuntimeError(f"cannot bind {host}:{port}")
-        self.address = f"{host}:{self.port}"
-        self._reap_interval_s = reap_interval_s
-        self._stopping = threading.Event()
-        self._reaper = threading.Thread(target=self._reap_loop, name="dgds-reaper", daemon=True)
+        try:
+            return self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            return 0
 
     def start(self) -> DgdsServer:
-        self._server.start()
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self._reaper.start()
+        self._run(self._start())
         return self
 
-    def _reap_loop(self) -> None:
-        while not self._stopping.wait(self._reap_interval_s):
+    async def _start(self) -> None:
+        await self._server.start()
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_interval_s)
             n = self.store.reap()
             if n:
                 log.info("freed %d expired group(s)", n)
 
     def stop(self, grace: float = 5.0) -> None:
-        self._stopping.set()
-        self.health.enter_graceful_shutdown()
-        self._server.stop(grace).wait()
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._run(self._stop(grace), timeout=grace + 30)
+        finally:
+            self._close_loop()
+
+    async def _stop(self, grace: float) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
 
     def wait(self) -> None:
-        self._server.wait_for_termination()
+        """Block until the server stops."""
+        self._thread.join()

@@ -26,6 +26,12 @@ class GroupReplica:
         self.tree = SuffixTree(max_depth)
         self.request_index: dict[str, int] = {}
         self.cursor = 0
+        self.server_names: list[str] = []  # the group's request ids in the server's order (packed fetches)
+
+    def reset_cursor(self) -> None:
+        """Fetch the server's log again from the start (it lost the group, e.g. a restart)."""
+        self.cursor = 0
+        self.server_names = []
 
     def _seq(self, request_id: str) -> list[int]:
         idx = self.request_index.get(request_id)
@@ -49,12 +55,34 @@ class GroupReplica:
 
     def apply_segment(self, seg: Segment) -> None:
         """Apply one fetched log segment, skipping whatever the replica already has."""
-        have = len(self._seq(seg.request_id))
-        if seg.start > have:
-            raise ReplicaGap(f"{self.group_id}/{seg.request_id}: segment at {seg.start}, replica has {have}")
-        new = seg.tokens[have - seg.start :]
+        self._apply(seg.request_id, seg.start, seg.tokens)
+
+    def _apply(self, request_id: str, start: int, tokens: Sequence[int]) -> int:
+        """Tokens of the segment that were new here."""
+        have = len(self._seq(request_id))
+        if start > have:
+            raise ReplicaGap(f"{self.group_id}/{request_id}: segment at {start}, replica has {have}")
+        new = tokens[have - start :]
         if new:
-            self.tree.extend(self.request_index[seg.request_id], new)
+            self.tree.extend(self.request_index[request_id], new)
+        return len(new)
+
+    def apply_packed(self, start: int, next_cursor: int, known: int, names: Sequence[str], segments: Sequence[int],
+                     tokens: Sequence[int]) -> bool:
+        """Apply a packed increment (a Sync fetch answer): ``names`` are the group's request ids
+        from index ``known`` on, ``segments`` flat (request index, start, length) triples, and
+        ``tokens`` theirs, concatenated. False (nothing applied) if it is stale: it does not start
+        at this replica's cursor, or was asked with another count of known names."""
+        if start != self.cursor or known != len(self.server_names):
+            return False
+        self.server_names.extend(names)
+        off = 0
+        for k in range(0, len(segments), 3):
+            n = segments[k + 2]
+            self._apply(self.server_names[segments[k]], segments[k + 1], tokens[off : off + n])
+            off += n
+        self.cursor = next_cursor
+        return True
 
     def apply_delta(self, start: int, next_cursor: int, segments: Sequence[Segment]) -> bool:
         """Apply a fetched increment if it starts at this replica's cursor; False if stale."""

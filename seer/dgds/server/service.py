@@ -3,10 +3,17 @@
 Off by default: on one CPU core the extra verification work costs more than accepted drafts save
 (docs/dgds.md). Sampled outputs stay exact under speculation (the proposer applies
 seer.compat.vllm_cpu_fixes), so turning it on never changes what the policy would have produced.
+
+Each launched server gets a fresh secret (``secrets.token_urlsafe(32)``), handed to it and to every
+instance in the environment (``SEER_DGDS_TOKEN``), never on a command line, in a log or in
+config.yaml; a joined server (``dgds.address``) is called with ``SEER_DGDS_TOKEN`` from seer-run's
+own environment.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 import time
 from dataclasses import replace
@@ -15,7 +22,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seer.dgds.server.config import DGDSConfig
+from seer.dgds.server.config import TOKEN_ENV, DGDSConfig
 from seer.dgds.vllm import speculative_config
 from seer.types import LaunchSpec
 from seer.procs import free_port
@@ -41,11 +48,26 @@ def wait_serving(address: str, timeout_s: float) -> bool:
     return False
 
 
+def check_token(address: str, token: str | None) -> None:
+    """Raise DGDSStartError if the server refuses ``token`` (one GetMetrics call)."""
+    from seer.dgds.server.grpc_server import auth_metadata
+    from seer.dgds.server.proto import dgds_pb2 as pb
+    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as ch:
+        try:
+            pb_grpc.DraftServerStub(ch).GetMetrics(pb.GetMetricsRequest(), timeout=10, metadata=auth_metadata(token))
+        except grpc.RpcError as e:
+            hint = f" (is {TOKEN_ENV} set to its secret?)" if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""
+            raise DGDSStartError(f"DGDS at {address} refused a call: {e.code().name}{hint}") from None
+
+
 class DGDSService:
-    def __init__(self, config: DGDSConfig, address: str | None, process=None):
+    def __init__(self, config: DGDSConfig, address: str | None, process=None, token: str | None = None):
         self.config = config
         self.address = address
         self.process = process
+        self._token = token  # the run's secret: only ever passed on in environments
 
     @classmethod
     def start(cls, config: DGDSConfig, log_dir: str | Path) -> DGDSService:
@@ -54,16 +76,20 @@ class DGDSService:
         if config.address is not None:
             if not wait_serving(config.address, config.ready_timeout_s):
                 raise DGDSStartError(f"DGDS at {config.address} does not answer health checks")
-            return cls(config, config.address)
+            token = os.environ.get(TOKEN_ENV) or None
+            check_token(config.address, token)
+            return cls(config, config.address, token=token)
         port = free_port(config.host)
+        token = secrets.token_urlsafe(32)
         proc = GuardedProcess(
             "seer-dgds",
             [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--host", config.host, "--port", str(port),
              "--max-depth", str(config.max_depth), "--log-level", "WARNING"],
             Path(log_dir) / "dgds.log",
+            env={TOKEN_ENV: token},
         )
         proc.start()
-        service = cls(config, f"{config.host}:{port}", proc)
+        service = cls(config, f"{config.host}:{port}", proc, token)
         if not wait_serving(service.address, config.ready_timeout_s):
             tail = proc.log_tail()
             service.close()
@@ -81,6 +107,8 @@ class DGDSService:
         c = self.config
         flag = speculative_config(c.num_speculative_tokens)
         env = {"SEER_DGDS_ADDRESS": self.address, "SEER_DGDS_MODE": c.mode, "SEER_DGDS_ADAPTIVE": "1" if c.adaptive else "0"}
+        if self._token:
+            env[TOKEN_ENV] = self._token
         return replace(spec, extra_args=(*spec.extra_args, "--speculative-config", flag), env={**env, **spec.env})
 
     def close(self) -> None:

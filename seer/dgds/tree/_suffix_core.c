@@ -12,6 +12,13 @@
  * the greedy walk with the probability floor, or the top-k beam) on these nodes; tests compare its
  * drafts with the Python implementation's, token for token and probability for probability.
  *
+ * A tree made with `Tree(max_depth, log=True)` (the draft server's) also keeps its append log: per
+ * extend call a segment (sequence, start, length) and the tokens as uint32, in order. `append_at`
+ * appends a slice of a packed little-endian uint32 buffer when it continues its sequence, and
+ * `log_fetch` answers the fetches of a whole packed Sync message (many trees, from each one's log
+ * offset) as two byte strings: the draft server's hot path without a Python step per token,
+ * segment or group. suffix_tree.py holds the same in Python, the reference.
+ *
  * No Python object is made per node, so trees are invisible to the cyclic GC and freed at once.
  * Only public C API is used (no object layouts). Built by `pip install -e .` (setup.py), which
  * compiles in SEER_CORE_SOURCE_SHA256, the SHA-256 of this file: suffix_tree.py compares it with
@@ -71,6 +78,11 @@ typedef struct {
     int32_t nseqs, seqs_cap;
     PyObject *pyseqs; /* list of the sequences' lists */
     uint64_t version; /* bumped by every extend (SuffixTree caches its node view on it) */
+    int log_on;       /* keep the append log (Tree(log=True)) */
+    int64_t *log_seg; /* 4 per segment: sequence, start, length, tokens of the log up to its end */
+    int64_t log_n, log_cap;
+    uint32_t *log_tok; /* the segments' tokens, in order */
+    int64_t log_ntok, log_tokcap;
 } Tree;
 
 static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
@@ -391,6 +403,65 @@ static int token_value(PyObject *item, int64_t *out, PyObject **as_int) {
     return 0;
 }
 
+/* Room in the log for one more segment of n tokens; -1 and MemoryError if not. */
+static int log_reserve(Tree *t, Py_ssize_t n) {
+    if (t->log_n + 1 > t->log_cap) {
+        int64_t ncap = t->log_cap ? 2 * t->log_cap : 64;
+        int64_t *seg = PyMem_Realloc(t->log_seg, (size_t)ncap * 4 * sizeof(int64_t));
+        if (seg == NULL) return PyErr_NoMemory(), -1;
+        t->log_seg = seg;
+        t->log_cap = ncap;
+    }
+    if (t->log_ntok + n > t->log_tokcap) {
+        int64_t ncap = t->log_tokcap ? 2 * t->log_tokcap : 1024;
+        while (ncap < t->log_ntok + n) ncap *= 2;
+        uint32_t *tok = PyMem_Realloc(t->log_tok, (size_t)ncap * sizeof(uint32_t));
+        if (tok == NULL) return PyErr_NoMemory(), -1;
+        t->log_tok = tok;
+        t->log_tokcap = ncap;
+    }
+    return 0;
+}
+
+/* Step 2 of an extend: vals[0:n] (already in the sequence's Python list) into the tree, then the
+ * log; returns how many went in (fewer than n only with an error set). No Python code runs. */
+static Py_ssize_t extend_tree(Tree *t, int32_t sid, const int64_t *vals, Py_ssize_t n) {
+    Seq *s = &t->seqs[sid];
+    Py_ssize_t done = 0;
+    if (n <= 0) return 0;
+    if ((int64_t)s->len + n > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "suffix tree: a sequence longer than 2**31 tokens");
+        return 0;
+    }
+    if (t->log_on && log_reserve(t, n) < 0) return 0;
+    if (s->len + n > s->cap) {
+        int64_t ncap = s->cap ? s->cap : 16;
+        while (ncap < s->len + n) ncap *= 2;
+        if (ncap > INT32_MAX) ncap = INT32_MAX;
+        int64_t *tok = PyMem_Realloc(s->tok, (size_t)ncap * sizeof(int64_t));
+        if (tok == NULL) return PyErr_NoMemory(), 0;
+        s->tok = tok;
+        s->cap = (int32_t)ncap;
+    }
+    /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
+    int32_t *act = s->act + s->astart;
+    while (s->lo && ND(act[s->lo - 1]).count != 1) s->lo--;
+    t->version++;
+    int32_t start = s->len;
+    for (; done < n; done++) {
+        if (reserve(t, t->max_depth + 1) < 0) break;
+        step(t, sid, vals[done]);
+    }
+    finish_extend(t, sid);
+    if (t->log_on && done > 0) {
+        int64_t *seg = t->log_seg + 4 * t->log_n++;
+        for (Py_ssize_t j = 0; j < done; j++) t->log_tok[t->log_ntok + j] = (uint32_t)vals[j];
+        t->log_ntok += done;
+        seg[0] = sid, seg[1] = start, seg[2] = done, seg[3] = t->log_ntok;
+    }
+    return done;
+}
+
 static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "extend(seq_id, tokens)");
@@ -428,6 +499,12 @@ static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
             ok_n = j;
             break;
         }
+        if (t->log_on && (vals[j] < 0 || vals[j] > (int64_t)UINT32_MAX)) { /* the log holds uint32 */
+            Py_DECREF(as_int);
+            PyErr_SetString(PyExc_ValueError, "a logged tree takes token ids in [0, 2**32)");
+            ok_n = j;
+            break;
+        }
         int rc = PyList_Append(list, as_int);
         Py_DECREF(as_int);
         if (rc < 0) {
@@ -438,35 +515,7 @@ static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     if (ok_n < m) PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     /* 2. The tree (no Python code from here on). */
-    Py_ssize_t done = 0;
-    if (ok_n > 0) {
-        if ((int64_t)s->len + ok_n > INT32_MAX) {
-            if (exc_type == NULL) PyErr_SetString(PyExc_OverflowError, "suffix tree: a sequence longer than 2**31 tokens");
-            goto out;
-        }
-        if (s->len + ok_n > s->cap) {
-            int64_t ncap = s->cap ? s->cap : 16;
-            while (ncap < s->len + ok_n) ncap *= 2;
-            if (ncap > INT32_MAX) ncap = INT32_MAX;
-            int64_t *tok = PyMem_Realloc(s->tok, (size_t)ncap * sizeof(int64_t));
-            if (tok == NULL) {
-                if (exc_type == NULL) PyErr_NoMemory();
-                goto out;
-            }
-            s->tok = tok;
-            s->cap = (int32_t)ncap;
-        }
-        /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
-        int32_t *act = s->act + s->astart;
-        while (s->lo && ND(act[s->lo - 1]).count != 1) s->lo--;
-        t->version++;
-        for (; done < ok_n; done++) {
-            if (reserve(t, t->max_depth + 1) < 0) break;
-            step(t, (int32_t)sid, vals[done]);
-        }
-        finish_extend(t, (int32_t)sid);
-    }
-out:
+    Py_ssize_t done = extend_tree(t, (int32_t)sid, vals, ok_n);
     if (done < m && PyList_GET_SIZE(list) > list_len0 + done) {
         /* what was not appended leaves the Python list too */
         PyObject *e1, *e2, *e3;
@@ -488,6 +537,63 @@ out:
     }
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
+}
+
+/* append_at(seq_id, prev, buf, off, n, max_tokens) -> int: the draft server's in-order append.
+ * If sequence seq_id holds exactly prev tokens, n > 0 and the tree stays within max_tokens, append
+ * tokens [off, off + n) of buf (packed little-endian uint32) and return the sequence's new length;
+ * otherwise change nothing and return -1 (-2: over max_tokens), for the caller's general path. */
+static PyObject *Tree_append_at(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_at(seq_id, prev, buf, off, n, max_tokens)");
+        return NULL;
+    }
+    Py_ssize_t sid = PyLong_AsSsize_t(args[0]), off = PyLong_AsSsize_t(args[3]), n = PyLong_AsSsize_t(args[4]);
+    long long prev = PyLong_AsLongLong(args[1]), max_tokens = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (sid < 0 || sid >= t->nseqs) {
+        PyErr_Format(PyExc_IndexError, "no sequence %zd", sid);
+        return NULL;
+    }
+    Seq *s = &t->seqs[sid];
+    if (n <= 0 || prev != s->len) return PyLong_FromLong(-1);
+    if (ND(0).count + n > max_tokens) return PyLong_FromLong(-2);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (off < 0 || (off + n) * 4 > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "append_at: [off, off + n) outside the buffer");
+        return NULL;
+    }
+    int64_t stackbuf[64];
+    int64_t *vals = n <= 64 ? stackbuf : PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (vals == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    const unsigned char *p = (const unsigned char *)view.buf + 4 * off;
+    Py_ssize_t list_len0 = PyList_GET_SIZE(s->list), ok_n = n;
+    for (Py_ssize_t j = 0; j < n; j++, p += 4) {
+        vals[j] = (int64_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        PyObject *v = PyLong_FromLongLong(vals[j]);
+        if (v == NULL || PyList_Append(s->list, v) < 0) {
+            Py_XDECREF(v);
+            ok_n = 0;
+            break;
+        }
+        Py_DECREF(v);
+    }
+    PyBuffer_Release(&view);
+    Py_ssize_t done = ok_n ? extend_tree(t, (int32_t)sid, vals, n) : 0;
+    if (vals != stackbuf) PyMem_Free(vals);
+    if (done < n) { /* an error: what did not go in leaves the Python list too */
+        PyObject *e1, *e2, *e3;
+        PyErr_Fetch(&e1, &e2, &e3);
+        PyList_SetSlice(s->list, list_len0 + done, PyList_GET_SIZE(s->list), NULL);
+        PyErr_Restore(e1, e2, e3);
+        return NULL;
+    }
+    return PyLong_FromLong(s->len);
 }
 
 static PyObject *Tree_add_sequence(Tree *t, PyObject *Py_UNUSED(ignored)) {
@@ -1052,13 +1158,143 @@ static PyObject *Tree_get_num_nodes(Tree *t, void *closure) { return PyLong_From
 static PyObject *Tree_get_num_tokens(Tree *t, void *closure) { return PyLong_FromLongLong(ND(0).count); }
 static PyObject *Tree_get_max_depth(Tree *t, void *closure) { return PyLong_FromLong(t->max_depth); }
 static PyObject *Tree_get_version(Tree *t, void *closure) { return PyLong_FromUnsignedLongLong(t->version); }
+static PyObject *Tree_get_log_size(Tree *t, void *closure) { return PyLong_FromLongLong(t->log_n); }
+
+/* ---- the draft server's fetches --------------------------------------------------------------- */
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16), p[3] = (unsigned char)(v >> 24);
+}
+
+static PyTypeObject TreeType;
+
+/* log_fetch(trees, cursors, known, max_tokens) -> (next, segments, new_requests, more, segs, toks):
+ * for each i, what a replica of logged tree trees[i] (None: an unknown group, answered empty) at
+ * log offset cursors[i] lacks, at most max_tokens tokens over all (each fetch gets at least one
+ * segment while the budget lasts, as GroupStore.fetch), and how many sequences it has beyond the
+ * known[i] its caller knows. next / segments / new_requests are lists (one int per fetch), more
+ * the indices of fetches cut short, segs the segments as little-endian uint32 triples (sequence,
+ * start, length), toks their tokens. Every cursor and count is checked before anything is built:
+ * ValueError names the first one outside its tree. */
+static PyObject *log_fetch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "log_fetch(trees, cursors, known, max_tokens)");
+        return NULL;
+    }
+    long long budget = PyLong_AsLongLong(args[3]);
+    if (budget == -1 && PyErr_Occurred()) return NULL;
+    PyObject *ft = PySequence_Fast(args[0], "trees must be a sequence"), *fc = NULL, *fk = NULL, *out = NULL;
+    PyObject *next = NULL, *nseg = NULL, *nnew = NULL, *more = NULL, *segs = NULL, *toks = NULL;
+    int64_t *cur = NULL, *end = NULL;
+    if (ft == NULL || (fc = PySequence_Fast(args[1], "cursors must be a sequence")) == NULL ||
+        (fk = PySequence_Fast(args[2], "known must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ft);
+    if (PySequence_Fast_GET_SIZE(fc) != n || PySequence_Fast_GET_SIZE(fk) != n) {
+        PyErr_SetString(PyExc_ValueError, "trees, cursors and known differ in length");
+        goto done;
+    }
+    cur = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    end = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (cur == NULL || end == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* 1. check everything */
+        PyObject *o = PySequence_Fast_GET_ITEM(ft, i);
+        long long c = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fc, i));
+        long long k = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fk, i));
+        if (PyErr_Occurred()) goto done;
+        cur[i] = c;
+        if (o == Py_None) continue;
+        if (!PyObject_TypeCheck(o, &TreeType) || !((Tree *)o)->log_on) {
+            PyErr_SetString(PyExc_TypeError, "log_fetch: trees must be logged Trees or None");
+            goto done;
+        }
+        Tree *t = (Tree *)o;
+        if (c < 0 || c > t->log_n || k < 0 || k > t->nseqs) {
+            PyErr_Format(PyExc_ValueError, "fetch %zd: cursor %lld or known %lld outside the tree (log 0..%lld, %d sequences)",
+                         i, c, k, (long long)t->log_n, t->nseqs);
+            goto done;
+        }
+    }
+    int64_t total_seg = 0, total_tok = 0, left = budget;
+    if ((more = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) { /* 2. where each fetch ends */
+        PyObject *o = PySequence_Fast_GET_ITEM(ft, i);
+        end[i] = cur[i];
+        if (o == Py_None || cur[i] == ((Tree *)o)->log_n) continue;
+        Tree *t = (Tree *)o;
+        int64_t t0 = cur[i] ? t->log_seg[4 * (cur[i] - 1) + 3] : 0, e = t->log_n;
+        if (t->log_ntok - t0 > left) { /* the first segment past the budget, but at least one */
+            int64_t lo = cur[i] + 1, hi = t->log_n;
+            while (lo < hi) {
+                int64_t mid = (lo + hi) / 2;
+                if (t->log_seg[4 * mid + 3] - t0 <= left) lo = mid + 1; else hi = mid;
+            }
+            e = lo;
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL || PyList_Append(more, idx) < 0) {
+                Py_XDECREF(idx);
+                goto done;
+            }
+            Py_DECREF(idx);
+        }
+        end[i] = e;
+        int64_t got = t->log_seg[4 * (e - 1) + 3] - t0;
+        total_seg += e - cur[i];
+        total_tok += got;
+        left = left - got > 1 ? left - got : 1;
+    }
+    if ((next = PyList_New(n)) == NULL || (nseg = PyList_New(n)) == NULL || (nnew = PyList_New(n)) == NULL ||
+        (segs = PyBytes_FromStringAndSize(NULL, 12 * total_seg)) == NULL ||
+        (toks = PyBytes_FromStringAndSize(NULL, 4 * total_tok)) == NULL)
+        goto done;
+    unsigned char *sp = (unsigned char *)PyBytes_AS_STRING(segs), *tp = (unsigned char *)PyBytes_AS_STRING(toks);
+    for (Py_ssize_t i = 0; i < n; i++) { /* 3. the answer */
+        PyObject *o = PySequence_Fast_GET_ITEM(ft, i);
+        long long k = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fk, i));
+        Tree *t = o == Py_None ? NULL : (Tree *)o;
+        PyList_SET_ITEM(next, i, PyLong_FromLongLong(end[i]));
+        PyList_SET_ITEM(nseg, i, PyLong_FromLongLong(end[i] - cur[i]));
+        PyList_SET_ITEM(nnew, i, PyLong_FromLongLong(t ? t->nseqs - k : 0));
+        if (t == NULL || end[i] == cur[i]) continue;
+        for (int64_t g = cur[i]; g < end[i]; g++, sp += 12) {
+            const int64_t *seg = t->log_seg + 4 * g;
+            put_u32(sp, (uint32_t)seg[0]), put_u32(sp + 4, (uint32_t)seg[1]), put_u32(sp + 8, (uint32_t)seg[2]);
+        }
+        int64_t t0 = cur[i] ? t->log_seg[4 * (cur[i] - 1) + 3] : 0, t1 = t->log_seg[4 * (end[i] - 1) + 3];
+#if PY_LITTLE_ENDIAN
+        memcpy(tp, t->log_tok + t0, (size_t)(t1 - t0) * 4);
+        tp += (t1 - t0) * 4;
+#else
+        for (int64_t j = t0; j < t1; j++, tp += 4) put_u32(tp, t->log_tok[j]);
+#endif
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyList_GET_ITEM(next, i) || !PyList_GET_ITEM(nseg, i) || !PyList_GET_ITEM(nnew, i)) goto done;
+    out = PyTuple_Pack(6, next, nseg, nnew, more, segs, toks);
+done:
+    Py_XDECREF(ft);
+    Py_XDECREF(fc);
+    Py_XDECREF(fk);
+    Py_XDECREF(next);
+    Py_XDECREF(nseg);
+    Py_XDECREF(nnew);
+    Py_XDECREF(more);
+    Py_XDECREF(segs);
+    Py_XDECREF(toks);
+    PyMem_Free(cur);
+    PyMem_Free(end);
+    return out;
+}
 
 /* ---- the type --------------------------------------------------------------------------------- */
 
 static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"max_depth", NULL};
-    int max_depth = 64;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Tree", kw, &max_depth)) return -1;
+    static char *kw[] = {"max_depth", "log", NULL};
+    int max_depth = 64, log_on = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ip:Tree", kw, &max_depth, &log_on)) return -1;
     if (max_depth < 2 || max_depth > (1 << 20)) {
         PyErr_SetString(PyExc_ValueError, "max_depth must be in [2, 2**20]");
         return -1;
@@ -1068,6 +1304,7 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
         return -1;
     }
     t->max_depth = max_depth;
+    t->log_on = log_on;
     t->free_head = NONE;
     if ((t->pyseqs = PyList_New(0)) == NULL) return -1;
     if (reserve(t, 1) < 0) return -1;
@@ -1086,6 +1323,8 @@ static void Tree_dealloc(Tree *t) {
     PyMem_Free(t->seqs);
     PyMem_Free(t->nodes);
     PyMem_Free(t->tab);
+    PyMem_Free(t->log_seg);
+    PyMem_Free(t->log_tok);
     Py_XDECREF(t->pyseqs);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -1094,6 +1333,8 @@ static PyMethodDef Tree_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Tree_extend, METH_FASTCALL,
      "extend(seq_id, tokens): append tokens to a sequence (SuffixTree.extend)"},
     {"add_sequence", (PyCFunction)Tree_add_sequence, METH_NOARGS, "add_sequence() -> new sequence id"},
+    {"append_at", (PyCFunction)(void (*)(void))Tree_append_at, METH_FASTCALL,
+     "append_at(seq_id, prev, buf, off, n, max_tokens) -> new length, or -1 / -2 (unchanged)"},
     {"count", (PyCFunction)Tree_count, METH_O, "count(pattern) -> occurrences"},
     {"draft", (PyCFunction)(void (*)(void))Tree_draft, METH_FASTCALL,
      "draft(context, params[, rank]) -> (paths, match_len): drafting.draft"},
@@ -1107,6 +1348,7 @@ static PyGetSetDef Tree_getset[] = {
     {"num_tokens", (getter)Tree_get_num_tokens, NULL, NULL, NULL},
     {"max_depth", (getter)Tree_get_max_depth, NULL, NULL, NULL},
     {"version", (getter)Tree_get_version, NULL, "bumped by every extend", NULL},
+    {"log_size", (getter)Tree_get_log_size, NULL, "segments in the append log (Tree(log=True))", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1133,6 +1375,8 @@ static PyObject *bind(PyObject *self, PyObject *cls) {
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(DraftPath): the class drafts are returned as"},
+    {"log_fetch", (PyCFunction)(void (*)(void))log_fetch, METH_FASTCALL,
+     "log_fetch(trees, cursors, known, max_tokens) -> (next, segments, new_requests, more, segs, toks)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+from array import array
+from bisect import bisect_right
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -93,9 +96,12 @@ class SuffixTree:
 
     ``compiled``: keep the tree in the C core (the default unless ``SEER_DGDS_PURE_PYTHON=1``) or
     in Python ``Node`` objects; both hold the very same tree and draft the very same tokens.
+    ``log``: also keep the append log (the draft server's trees): every extend call is a segment
+    (sequence, start, length) and its tokens, which ``log_fetch`` hands out; token ids must then
+    be in [0, 2**32). ``append_at`` appends from a packed buffer (see ``_suffix_core.c``).
     """
 
-    def __init__(self, max_depth: int = 64, compiled: bool | None = None):
+    def __init__(self, max_depth: int = 64, compiled: bool | None = None, log: bool = False):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
         if compiled and not COMPILED:
@@ -103,19 +109,49 @@ class SuffixTree:
         self.max_depth = max_depth
         self._c = None
         if COMPILED and compiled is not False:
-            self._c = c = _CORE.Tree(max_depth)
+            self._c = c = _CORE.Tree(max_depth, log=log)
             self.seqs: list[list[int]] = c.seqs  # kept by the core (read only)
             # The core's own methods, bound on the instance: an append costs no Python frame.
             self.extend = c.extend  # type: ignore[method-assign]
             self.add_sequence = c.add_sequence  # type: ignore[method-assign]
+            self.append_at = c.append_at  # type: ignore[method-assign]
+            self.core = c  # what log_fetch takes
             self._view: tuple[int, Node] | None = None  # (core version, root of the Python view)
             return
+        self.core = self
         self._root = Node(None, 0, 0, -1, -1)
         self._root.children = {}  # never None, so `children is None` means a non-root leaf
         self.seqs = []
         self._active: list[list[Node]] = []  # per sequence: where its growing windows end
         self._open: list[int] = []  # per sequence: how many of them (the oldest) are open leaves
         self._num_nodes = 1
+        # the log: segment k is _log_seg[3k : 3k + 3], its tokens end at _log_end[k] in _log_tok
+        self._log = log
+        self._log_seg: list[int] = []
+        self._log_end: list[int] = []
+        self._log_tok = array("I")
+
+    @property
+    def log_size(self) -> int:
+        """Segments in the append log."""
+        return self._c.log_size if self._c is not None else len(self._log_end)
+
+    def append_at(self, seq_id: int, prev: int, buf: bytes, off: int, n: int, max_tokens: int) -> int:
+        """Append tokens [off, off + n) of ``buf`` (packed little-endian uint32) to sequence
+        ``seq_id`` if it holds exactly ``prev`` tokens, ``n > 0`` and the tree stays within
+        ``max_tokens``: its new length; otherwise nothing changes: -1 (-2: over max_tokens)."""
+        seq = self.seqs[seq_id]
+        if n <= 0 or prev != len(seq):
+            return -1
+        if self.num_tokens + n > max_tokens:
+            return -2
+        if off < 0 or 4 * (off + n) > len(buf):
+            raise ValueError("append_at: [off, off + n) outside the buffer")
+        tokens = array("I", bytes(buf[4 * off : 4 * (off + n)]))
+        if sys.byteorder != "little":  # pragma: no cover
+            tokens.byteswap()
+        self.extend(seq_id, tokens.tolist())
+        return len(seq)
 
     @property
     def compiled(self) -> bool:
@@ -173,6 +209,11 @@ class SuffixTree:
         the open prefix, which is checked again at the next call.
         """
         seq = self.seqs[seq_id]
+        start = len(seq)
+        if self._log:
+            tokens = list(tokens)
+            if any(not 0 <= t < 1 << 32 for t in tokens):
+                raise ValueError("a logged tree takes token ids in [0, 2**32)")
         active = self._active[seq_id]
         lo = self._open[seq_id]  # active[:lo] are open leaves (growing, count 1)
         # Other sequences may have repeated some of them since (count 2 now): still a prefix.
@@ -185,6 +226,10 @@ class SuffixTree:
             for leaf in active[:lo]:
                 leaf.length = end - leaf.ref_idx
             self._open[seq_id] = lo
+            if self._log and end > start:
+                self._log_seg += (seq_id, start, end - start)
+                self._log_tok.extend(seq[start:end])
+                self._log_end.append(len(self._log_tok))
 
     def _extend(self, seq_id: int, seq: list[int], active: list[Node], lo: int, tokens: Iterable[int]) -> int:
         seqs = self.seqs
@@ -336,3 +381,44 @@ class SuffixTree:
     def snapshot(self) -> dict[tuple[int, ...], int]:
         """Canonical content: node path -> count. Equal trees have equal snapshots."""
         return {path: node.count for path, node in self.iter_nodes()}
+
+
+def _py_log_fetch(trees: Sequence[SuffixTree | None], cursors: Sequence[int], known: Sequence[int],
+                  max_tokens: int) -> tuple[list[int], list[int], list[int], list[int], bytes, bytes]:
+    """``_suffix_core.log_fetch`` for pure-Python logged trees (the reference; same answers)."""
+    if not len(trees) == len(cursors) == len(known):
+        raise ValueError("trees, cursors and known differ in length")
+    for i, (t, c, k) in enumerate(zip(trees, cursors, known)):
+        if t is not None and not (0 <= c <= len(t._log_end) and 0 <= k <= len(t.seqs)):
+            raise ValueError(f"fetch {i}: cursor {c} or known {k} outside the tree "
+                             f"(log 0..{len(t._log_end)}, {len(t.seqs)} sequences)")
+    nxt, nseg, nnew, more = [], [], [], []
+    segs, toks = array("I"), array("I")
+    left = max_tokens
+    for i, (t, c, k) in enumerate(zip(trees, cursors, known)):
+        nnew.append(0 if t is None else len(t.seqs) - k)
+        if t is None or c == len(t._log_end):
+            nxt.append(c)
+            nseg.append(0)
+            continue
+        ends = t._log_end
+        t0 = ends[c - 1] if c else 0
+        e = len(ends)
+        if ends[-1] - t0 > left:
+            e = max(c + 1, bisect_right(ends, t0 + left, c))
+            more.append(i)
+        nxt.append(e)
+        nseg.append(e - c)
+        segs.extend(t._log_seg[3 * c : 3 * e])
+        toks.extend(t._log_tok[t0 : ends[e - 1]])
+        left = max(1, left - (ends[e - 1] - t0))
+    if sys.byteorder != "little":  # pragma: no cover
+        segs.byteswap()
+        toks.byteswap()
+    return nxt, nseg, nnew, more, segs.tobytes(), toks.tobytes()
+
+
+# log_fetch(trees, cursors, known, max_tokens) -> (next, segments, new_requests, more, segs, toks):
+# for each logged tree (its ``core``; None: answered empty) what a replica at log offset cursors[i]
+# lacks, within max_tokens over all, as packed little-endian uint32 bytes (see _suffix_core.c).
+log_fetch = _CORE.log_fetch if COMPILED else _py_log_fetch

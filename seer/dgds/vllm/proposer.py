@@ -88,10 +88,14 @@ class DgdsProposer:
         s = self.settings
         self._embedded = None
         address = s.address
+        token = None  # a shared server's: SEER_DGDS_TOKEN, which DraftClient reads
         if address is None:
+            import secrets
+
             from seer.dgds.server.grpc_server import DgdsServer
 
-            self._embedded = DgdsServer("127.0.0.1", 0, max_workers=2).start()
+            token = secrets.token_urlsafe(32)
+            self._embedded = DgdsServer("127.0.0.1", 0, token=token).start()
             address = self._embedded.address
         from seer.dgds.server.client import DraftClient
 
@@ -100,6 +104,7 @@ class DgdsProposer:
             update_batch_tokens=s.update_batch_tokens,
             fetch_interval_s=s.fetch_interval_s,
             default_ttl_s=s.ttl_s,
+            token=token,
         )
         self.policy = AdaptiveDraftLength(gamma_max=s.gamma_max, lam=s.lam)
         self._runner: Any = None

@@ -12,6 +12,8 @@ From ``--speculative-config``:
 From the environment (defaults in brackets):
   ``SEER_DGDS_ADDRESS``        host:port of a ``seer-dgds serve``; unset: an embedded server in the
                                engine process (groups shared within this instance only)
+  ``SEER_DGDS_TOKEN``          the shared server's secret (read by DraftClient; the embedded
+                               server makes its own) [unset: a server started with --insecure]
   ``SEER_DGDS_MODE``           ``group`` (drafts from the group's tree) or ``request`` (each request
                                drafts from its own tokens only) [group]
   ``SEER_DGDS_ADAPTIVE``       1: Algorithm 1 sets draft lengths online; 0: always gamma_max [1]

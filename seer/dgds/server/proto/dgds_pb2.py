@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\ndgds.proto\x12\x0cseer.dgds.v1\"M\n\x14RegisterGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"*\n\x15RegisterGroupResponse\x12\x11\n\tmax_depth\x18\x01 \x01(\r\"&\n\x12\x46inishGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\x15\n\x13\x46inishGroupResponse\"_\n\tCstUpdate\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prev_token_count\x18\x03 \x01(\x03\x12\x12\n\nnew_tokens\x18\x04 \x03(\x05\"<\n\x10UpdateCstRequest\x12(\n\x07updates\x18\x01 \x03(\x0b\x32\x17.seer.dgds.v1.CstUpdate\"Y\n\x0cUpdateResult\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seer.dgds.v1.UpdateStatus\x12\x1d\n\x15\x63ommitted_token_count\x18\x02 \x01(\x03\"@\n\x11UpdateCstResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.seer.dgds.v1.UpdateResult\"2\n\nCacheState\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nlog_offset\x18\x02 \x01(\x03\"O\n\x0f\x46\x65tchCstRequest\x12(\n\x06\x63\x61\x63hes\x18\x01 \x03(\x0b\x32\x18.seer.dgds.v1.CacheState\x12\x12\n\nmax_tokens\x18\x02 \x01(\x03\"<\n\x07Segment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\"\x89\x01\n\x0eGroupIncrement\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmax_depth\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0c\n\x04next\x18\x04 \x01(\x03\x12\'\n\x08segments\x18\x05 \x03(\x0b\x32\x15.seer.dgds.v1.Segment\x12\x0c\n\x04more\x18\x06 \x01(\x08\"@\n\x10\x46\x65tchCstResponse\x12,\n\x06groups\x18\x01 \x03(\x0b\x32\x1c.seer.dgds.v1.GroupIncrement\"\x85\x01\n\x0b\x44raftParams\x12\x17\n\x0fmax_spec_tokens\x18\x01 \x01(\x05\x12\x1a\n\x12pattern_lookup_min\x18\x02 \x01(\x05\x12\x1a\n\x12pattern_lookup_max\x18\x03 \x01(\x05\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emin_token_prob\x18\x05 \x01(\x02\"p\n\x0cSpeculateRow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x03 \x03(\x05\x12)\n\x06params\x18\x04 \x01(\x0b\x32\x19.seer.dgds.v1.DraftParams\"A\n\x15\x42\x61tchSpeculateRequest\x12(\n\x04rows\x18\x01 \x03(\x0b\x32\x1a.seer.dgds.v1.SpeculateRow\"*\n\tDraftPath\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"Y\n\x08RowDraft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05paths\x18\x02 \x03(\x0b\x32\x17.seer.dgds.v1.DraftPath\x12\x11\n\tmatch_len\x18\x03 \x01(\x05\"@\n\x16\x42\x61tchSpeculateResponse\x12&\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x16.seer.dgds.v1.RowDraft\"\x13\n\x11GetMetricsRequest\"o\n\nRpcMetrics\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x03 \x01(\x04\x12\x12\n\nrate_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x05 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x06 \x01(\x01\"\xc3\x01\n\x12GetMetricsResponse\x12\x0e\n\x06groups\x18\x01 \x01(\x04\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\x12\r\n\x05nodes\x18\x04 \x01(\x04\x12\x14\n\x0c\x61pprox_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14\x65xpired_groups_total\x18\x06 \x01(\x04\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\x12&\n\x04rpcs\x18\x08 \x03(\x0b\x32\x18.seer.dgds.v1.RpcMetrics*e\n\x0cUpdateStatus\x12\x1d\n\x19UPDATE_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41PPLIED\x10\x01\x12\r\n\tDUPLICATE\x10\x02\x12\x0c\n\x08\x42UFFERED\x10\x03\x12\x0c\n\x08\x43ONFLICT\x10\x04\x32\x82\x04\n\x0b\x44raftServer\x12X\n\rRegisterGroup\x12\".seer.dgds.v1.RegisterGroupRequest\x1a#.seer.dgds.v1.RegisterGroupResponse\x12R\n\x0b\x46inishGroup\x12 .seer.dgds.v1.FinishGroupRequest\x1a!.seer.dgds.v1.FinishGroupResponse\x12L\n\tUpdateCst\x12\x1e.seer.dgds.v1.UpdateCstRequest\x1a\x1f.seer.dgds.v1.UpdateCstResponse\x12I\n\x08\x46\x65tchCst\x12\x1d.seer.dgds.v1.FetchCstRequest\x1a\x1e.seer.dgds.v1.FetchCstResponse\x12[\n\x0e\x42\x61tchSpeculate\x12#.seer.dgds.v1.BatchSpeculateRequest\x1a$.seer.dgds.v1.BatchSpeculateResponse\x12O\n\nGetMetrics\x12\x1f.seer.dgds.v1.GetMetricsRequest\x1a .seer.dgds.v1.GetMetricsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\ndgds.proto\x12\x0cseer.dgds.v1\"M\n\x14RegisterGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"*\n\x15RegisterGroupResponse\x12\x11\n\tmax_depth\x18\x01 \x01(\r\"&\n\x12\x46inishGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\x15\n\x13\x46inishGroupResponse\"_\n\tCstUpdate\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prev_token_count\x18\x03 \x01(\x03\x12\x12\n\nnew_tokens\x18\x04 \x03(\x05\"<\n\x10UpdateCstRequest\x12(\n\x07updates\x18\x01 \x03(\x0b\x32\x17.seer.dgds.v1.CstUpdate\"Y\n\x0cUpdateResult\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.seer.dgds.v1.UpdateStatus\x12\x1d\n\x15\x63ommitted_token_count\x18\x02 \x01(\x03\"@\n\x11UpdateCstResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.seer.dgds.v1.UpdateResult\"2\n\nCacheState\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nlog_offset\x18\x02 \x01(\x03\"O\n\x0f\x46\x65tchCstRequest\x12(\n\x06\x63\x61\x63hes\x18\x01 \x03(\x0b\x32\x18.seer.dgds.v1.CacheState\x12\x12\n\nmax_tokens\x18\x02 \x01(\x03\"<\n\x07Segment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\"\x89\x01\n\x0eGroupIncrement\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmax_depth\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0c\n\x04next\x18\x04 \x01(\x03\x12\'\n\x08segments\x18\x05 \x03(\x0b\x32\x15.seer.dgds.v1.Segment\x12\x0c\n\x04more\x18\x06 \x01(\x08\"@\n\x10\x46\x65tchCstResponse\x12,\n\x06groups\x18\x01 \x03(\x0b\x32\x1c.seer.dgds.v1.GroupIncrement\"\xd8\x01\n\x0bSyncRequest\x12\x11\n\tgroup_ids\x18\x01 \x03(\t\x12\x13\n\x0brequest_ids\x18\x02 \x03(\t\x12\x14\n\x0c\x61ppend_group\x18\x03 \x03(\r\x12\x13\n\x0b\x61ppend_prev\x18\x04 \x03(\x03\x12\x12\n\nappend_len\x18\x05 \x03(\r\x12\x0e\n\x06tokens\x18\x06 \x01(\x0c\x12\x13\n\x0b\x66\x65tch_group\x18\x07 \x03(\r\x12\x14\n\x0c\x66\x65tch_cursor\x18\x08 \x03(\x03\x12\x13\n\x0b\x66\x65tch_known\x18\t \x03(\r\x12\x12\n\nmax_tokens\x18\n \x01(\x03\"\xf3\x01\n\x0cSyncResponse\x12\x15\n\rappend_status\x18\x01 \x01(\x0c\x12\x11\n\tcommitted\x18\x02 \x03(\x03\x12\x12\n\nfetch_next\x18\x03 \x03(\x03\x12\x16\n\x0e\x66\x65tch_segments\x18\x04 \x03(\r\x12\x1a\n\x12\x66\x65tch_new_requests\x18\x05 \x03(\r\x12\x13\n\x0brequest_ids\x18\x06 \x03(\t\x12\x10\n\x08segments\x18\x07 \x01(\x0c\x12\x0e\n\x06tokens\x18\x08 \x01(\x0c\x12\x0c\n\x04more\x18\t \x03(\r\x12\x16\n\x0eunknown_groups\x18\n \x03(\r\x12\x14\n\x0c\x65nded_groups\x18\x0b \x03(\r\"\x85\x01\n\x0b\x44raftParams\x12\x17\n\x0fmax_spec_tokens\x18\x01 \x01(\x05\x12\x1a\n\x12pattern_lookup_min\x18\x02 \x01(\x05\x12\x1a\n\x12pattern_lookup_max\x18\x03 \x01(\x05\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emin_token_prob\x18\x05 \x01(\x02\"p\n\x0cSpeculateRow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x03 \x03(\x05\x12)\n\x06params\x18\x04 \x01(\x0b\x32\x19.seer.dgds.v1.DraftParams\"A\n\x15\x42\x61tchSpeculateRequest\x12(\n\x04rows\x18\x01 \x03(\x0b\x32\x1a.seer.dgds.v1.SpeculateRow\"*\n\tDraftPath\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"Y\n\x08RowDraft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05paths\x18\x02 \x03(\x0b\x32\x17.seer.dgds.v1.DraftPath\x12\x11\n\tmatch_len\x18\x03 \x01(\x05\"@\n\x16\x42\x61tchSpeculateResponse\x12&\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x16.seer.dgds.v1.RowDraft\"\x13\n\x11GetMetricsRequest\"\xab\x01\n\nRpcMetrics\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x03 \x01(\x04\x12\x12\n\nrate_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x05 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x06 \x01(\x01\x12\x14\n\x0ctotal_p50_ms\x18\x07 \x01(\x01\x12\x14\n\x0ctotal_p99_ms\x18\x08 \x01(\x01\x12\x0e\n\x06max_ms\x18\t \x01(\x01\"\xc3\x01\n\x12GetMetricsResponse\x12\x0e\n\x06groups\x18\x01 \x01(\x04\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\x12\r\n\x05nodes\x18\x04 \x01(\x04\x12\x14\n\x0c\x61pprox_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14\x65xpired_groups_total\x18\x06 \x01(\x04\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\x12&\n\x04rpcs\x18\x08 \x03(\x0b\x32\x18.seer.dgds.v1.RpcMetrics*x\n\x0cUpdateStatus\x12\x1d\n\x19UPDATE_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41PPLIED\x10\x01\x12\r\n\tDUPLICATE\x10\x02\x12\x0c\n\x08\x42UFFERED\x10\x03\x12\x0c\n\x08\x43ONFLICT\x10\x04\x12\x11\n\rUNKNOWN_GROUP\x10\x05\x32\x8a\x05\n\x0b\x44raftServer\x12X\n\rRegisterGroup\x12\".seer.dgds.v1.RegisterGroupRequest\x1a#.seer.dgds.v1.RegisterGroupResponse\x12R\n\x0b\x46inishGroup\x12 .seer.dgds.v1.FinishGroupRequest\x1a!.seer.dgds.v1.FinishGroupResponse\x12L\n\tUpdateCst\x12\x1e.seer.dgds.v1.UpdateCstRequest\x1a\x1f.seer.dgds.v1.UpdateCstResponse\x12I\n\x08\x46\x65tchCst\x12\x1d.seer.dgds.v1.FetchCstRequest\x1a\x1e.seer.dgds.v1.FetchCstResponse\x12=\n\x04Sync\x12\x19.seer.dgds.v1.SyncRequest\x1a\x1a.seer.dgds.v1.SyncResponse\x12G\n\nSyncStream\x12\x19.seer.dgds.v1.SyncRequest\x1a\x1a.seer.dgds.v1.SyncResponse(\x01\x30\x01\x12[\n\x0e\x42\x61tchSpeculate\x12#.seer.dgds.v1.BatchSpeculateRequest\x1a$.seer.dgds.v1.BatchSpeculateResponse\x12O\n\nGetMetrics\x12\x1f.seer.dgds.v1.GetMetricsRequest\x1a .seer.dgds.v1.GetMetricsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dgds_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UPDATESTATUS']._serialized_start=1781
-  _globals['_UPDATESTATUS']._serialized_end=1882
+  _globals['_UPDATESTATUS']._serialized_start=2307
+  _globals['_UPDATESTATUS']._serialized_end=2427
   _globals['_REGISTERGROUPREQUEST']._serialized_start=28
   _globals['_REGISTERGROUPREQUEST']._serialized_end=105
   _globals['_REGISTERGROUPRESPONSE']._serialized_start=107
@@ -59,24 +59,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPINCREMENT']._serialized_end=863
   _globals['_FETCHCSTRESPONSE']._serialized_start=865
   _globals['_FETCHCSTRESPONSE']._serialized_end=929
-  _globals['_DRAFTPARAMS']._serialized_start=932
-  _globals['_DRAFTPARAMS']._serialized_end=1065
-  _globals['_SPECULATEROW']._serialized_start=1067
-  _globals['_SPECULATEROW']._serialized_end=1179
-  _globals['_BATCHSPECULATEREQUEST']._serialized_start=1181
-  _globals['_BATCHSPECULATEREQUEST']._serialized_end=1246
-  _globals['_DRAFTPATH']._serialized_start=1248
-  _globals['_DRAFTPATH']._serialized_end=1290
-  _globals['_ROWDRAFT']._serialized_start=1292
-  _globals['_ROWDRAFT']._serialized_end=1381
-  _globals['_BATCHSPECULATERESPONSE']._serialized_start=1383
-  _globals['_BATCHSPECULATERESPONSE']._serialized_end=1447
-  _globals['_GETMETRICSREQUEST']._serialized_start=1449
-  _globals['_GETMETRICSREQUEST']._serialized_end=1468
-  _globals['_RPCMETRICS']._serialized_start=1470
-  _globals['_RPCMETRICS']._serialized_end=1581
-  _globals['_GETMETRICSRESPONSE']._serialized_start=1584
-  _globals['_GETMETRICSRESPONSE']._serialized_end=1779
-  _globals['_DRAFTSERVER']._serialized_start=1885
-  _globals['_DRAFTSERVER']._serialized_end=2399
+  _globals['_SYNCREQUEST']._serialized_start=932
+  _globals['_SYNCREQUEST']._serialized_end=1148
+  _globals['_SYNCRESPONSE']._serialized_start=1151
+  _globals['_SYNCRESPONSE']._serialized_end=1394
+  _globals['_DRAFTPARAMS']._serialized_start=1397
+  _globals['_DRAFTPARAMS']._serialized_end=1530
+  _globals['_SPECULATEROW']._serialized_start=1532
+  _globals['_SPECULATEROW']._serialized_end=1644
+  _globals['_BATCHSPECULATEREQUEST']._serialized_start=1646
+  _globals['_BATCHSPECULATEREQUEST']._serialized_end=1711
+  _globals['_DRAFTPATH']._serialized_start=1713
+  _globals['_DRAFTPATH']._serialized_end=1755
+  _globals['_ROWDRAFT']._serialized_start=1757
+  _globals['_ROWDRAFT']._serialized_end=1846
+  _globals['_BATCHSPECULATERESPONSE']._serialized_start=1848
+  _globals['_BATCHSPECULATERESPONSE']._serialized_end=1912
+  _globals['_GETMETRICSREQUEST']._serialized_start=1914
+  _globals['_GETMETRICSREQUEST']._serialized_end=1933
+  _globals['_RPCMETRICS']._serialized_start=1936
+  _globals['_RPCMETRICS']._serialized_end=2107
+  _globals['_GETMETRICSRESPONSE']._serialized_start=2110
+  _globals['_GETMETRICSRESPONSE']._serialized_end=2305
+  _globals['_DRAFTSERVER']._serialized_start=2430
+  _globals['_DRAFTSERVER']._serialized_end=3080
 # @@protoc_insertion_point(module_scope)

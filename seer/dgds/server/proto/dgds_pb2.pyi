@@ -14,11 +14,13 @@ class UpdateStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DUPLICATE: _ClassVar[UpdateStatus]
     BUFFERED: _ClassVar[UpdateStatus]
     CONFLICT: _ClassVar[UpdateStatus]
+    UNKNOWN_GROUP: _ClassVar[UpdateStatus]
 UPDATE_STATUS_UNSPECIFIED: UpdateStatus
 APPLIED: UpdateStatus
 DUPLICATE: UpdateStatus
 BUFFERED: UpdateStatus
 CONFLICT: UpdateStatus
+UNKNOWN_GROUP: UpdateStatus
 
 class RegisterGroupRequest(_message.Message):
     __slots__ = ("group_id", "ttl_seconds", "resume")
@@ -126,6 +128,56 @@ class FetchCstResponse(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[GroupIncrement]
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupIncrement, _Mapping]]] = ...) -> None: ...
 
+class SyncRequest(_message.Message):
+    __slots__ = ("group_ids", "request_ids", "append_group", "append_prev", "append_len", "tokens", "fetch_group", "fetch_cursor", "fetch_known", "max_tokens")
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    APPEND_GROUP_FIELD_NUMBER: _ClassVar[int]
+    APPEND_PREV_FIELD_NUMBER: _ClassVar[int]
+    APPEND_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_GROUP_FIELD_NUMBER: _ClassVar[int]
+    FETCH_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    FETCH_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    append_group: _containers.RepeatedScalarFieldContainer[int]
+    append_prev: _containers.RepeatedScalarFieldContainer[int]
+    append_len: _containers.RepeatedScalarFieldContainer[int]
+    tokens: bytes
+    fetch_group: _containers.RepeatedScalarFieldContainer[int]
+    fetch_cursor: _containers.RepeatedScalarFieldContainer[int]
+    fetch_known: _containers.RepeatedScalarFieldContainer[int]
+    max_tokens: int
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ..., request_ids: _Optional[_Iterable[str]] = ..., append_group: _Optional[_Iterable[int]] = ..., append_prev: _Optional[_Iterable[int]] = ..., append_len: _Optional[_Iterable[int]] = ..., tokens: _Optional[bytes] = ..., fetch_group: _Optional[_Iterable[int]] = ..., fetch_cursor: _Optional[_Iterable[int]] = ..., fetch_known: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class SyncResponse(_message.Message):
+    __slots__ = ("append_status", "committed", "fetch_next", "fetch_segments", "fetch_new_requests", "request_ids", "segments", "tokens", "more", "unknown_groups", "ended_groups")
+    APPEND_STATUS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    FETCH_NEXT_FIELD_NUMBER: _ClassVar[int]
+    FETCH_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    append_status: bytes
+    committed: _containers.RepeatedScalarFieldContainer[int]
+    fetch_next: _containers.RepeatedScalarFieldContainer[int]
+    fetch_segments: _containers.RepeatedScalarFieldContainer[int]
+    fetch_new_requests: _containers.RepeatedScalarFieldContainer[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    segments: bytes
+    tokens: bytes
+    more: _containers.RepeatedScalarFieldContainer[int]
+    unknown_groups: _containers.RepeatedScalarFieldContainer[int]
+    ended_groups: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, append_status: _Optional[bytes] = ..., committed: _Optional[_Iterable[int]] = ..., fetch_next: _Optional[_Iterable[int]] = ..., fetch_segments: _Optional[_Iterable[int]] = ..., fetch_new_requests: _Optional[_Iterable[int]] = ..., request_ids: _Optional[_Iterable[str]] = ..., segments: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., more: _Optional[_Iterable[int]] = ..., unknown_groups: _Optional[_Iterable[int]] = ..., ended_groups: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class DraftParams(_message.Message):
     __slots__ = ("max_spec_tokens", "pattern_lookup_min", "pattern_lookup_max", "top_k", "min_token_prob")
     MAX_SPEC_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -187,20 +239,26 @@ class GetMetricsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RpcMetrics(_message.Message):
-    __slots__ = ("method", "calls", "errors", "rate_per_s", "p50_ms", "p99_ms")
+    __slots__ = ("method", "calls", "errors", "rate_per_s", "p50_ms", "p99_ms", "total_p50_ms", "total_p99_ms", "max_ms")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     P50_MS_FIELD_NUMBER: _ClassVar[int]
     P99_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
     method: str
     calls: int
     errors: int
     rate_per_s: float
     p50_ms: float
     p99_ms: float
-    def __init__(self, method: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., rate_per_s: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
+    total_p50_ms: float
+    total_p99_ms: float
+    max_ms: float
+    def __init__(self, method: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., rate_per_s: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., total_p50_ms: _Optional[float] = ..., total_p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
 
 class GetMetricsResponse(_message.Message):
     __slots__ = ("groups", "requests", "tokens", "nodes", "approx_bytes", "expired_groups_total", "uptime_s", "rpcs")

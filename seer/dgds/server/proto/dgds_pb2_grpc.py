@@ -54,6 +54,16 @@ class DraftServerStub:
                 request_serializer=dgds__pb2.FetchCstRequest.SerializeToString,
                 response_deserializer=dgds__pb2.FetchCstResponse.FromString,
                 _registered_method=True)
+        self.Sync = channel.unary_unary(
+                '/seer.dgds.v1.DraftServer/Sync',
+                request_serializer=dgds__pb2.SyncRequest.SerializeToString,
+                response_deserializer=dgds__pb2.SyncResponse.FromString,
+                _registered_method=True)
+        self.SyncStream = channel.stream_stream(
+                '/seer.dgds.v1.DraftServer/SyncStream',
+                request_serializer=dgds__pb2.SyncRequest.SerializeToString,
+                response_deserializer=dgds__pb2.SyncResponse.FromString,
+                _registered_method=True)
         self.BatchSpeculate = channel.unary_unary(
                 '/seer.dgds.v1.DraftServer/BatchSpeculate',
                 request_serializer=dgds__pb2.BatchSpeculateRequest.SerializeToString,
@@ -99,6 +109,22 @@ class DraftServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sync(self, request, context):
+        """update_cst and fetch_cst of many groups in one packed message: what DraftClient sends, one
+        per cycle. Appends are applied first, then the fetches are answered (they include them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SyncStream(self, request_iterator, context):
+        """Sync on one long-lived stream: one response per request, in order (a message on an open
+        stream costs the server less than a call). An error status ends the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BatchSpeculate(self, request, context):
         """Draft on the server, for many requests at once.
         """
@@ -135,6 +161,16 @@ def add_DraftServerServicer_to_server(servicer, server):
                     servicer.FetchCst,
                     request_deserializer=dgds__pb2.FetchCstRequest.FromString,
                     response_serializer=dgds__pb2.FetchCstResponse.SerializeToString,
+            ),
+            'Sync': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sync,
+                    request_deserializer=dgds__pb2.SyncRequest.FromString,
+                    response_serializer=dgds__pb2.SyncResponse.SerializeToString,
+            ),
+            'SyncStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SyncStream,
+                    request_deserializer=dgds__pb2.SyncRequest.FromString,
+                    response_serializer=dgds__pb2.SyncResponse.SerializeToString,
             ),
             'BatchSpeculate': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchSpeculate,
@@ -255,6 +291,60 @@ class DraftServer:
             '/seer.dgds.v1.DraftServer/FetchCst',
             dgds__pb2.FetchCstRequest.SerializeToString,
             dgds__pb2.FetchCstResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seer.dgds.v1.DraftServer/Sync',
+            dgds__pb2.SyncRequest.SerializeToString,
+            dgds__pb2.SyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/seer.dgds.v1.DraftServer/SyncStream',
+            dgds__pb2.SyncRequest.SerializeToString,
+            dgds__pb2.SyncResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,122 @@
+"""The packed Sync message (what DraftClient sends): appends and fetches of many groups at once, the
+same answers as UpdateCst/FetchCst, and the compiled log equal to the pure-Python reference."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import grpc
+import pytest
+
+from seer.dgds.server.grpc_server import DgdsServer
+from seer.dgds.server.proto import dgds_pb2 as pb
+from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.tree import suffix_tree
+from seer.dgds.tree.suffix_tree import SuffixTree
+
+
+def u32(values) -> bytes:
+    return array("I", values).tobytes()
+
+
+def unpack(data: bytes) -> list[int]:
+    return array("I", data).tolist()
+
+
+@pytest.fixture
+def stub():
+    srv = DgdsServer("127.0.0.1", 0, max_depth=16).start()
+    with grpc.insecure_channel(srv.address) as ch:
+        yield pb_grpc.DraftServerStub(ch)
+    srv.stop(0)
+
+
+def test_sync_appends_and_fetches_many_groups_in_one_message(stub):
+    for g in ("a", "b"):
+        stub.RegisterGroup(pb.RegisterGroupRequest(group_id=g, ttl_seconds=30), timeout=5)
+    req = pb.SyncRequest(group_ids=["a", "b", "ghost"], request_ids=["r0", "r1", "r0", "x"], append_group=[0, 0, 1, 2],
+                         append_prev=[0, 0, 2, 0], append_len=[3, 2, 1, 1], tokens=u32([1, 2, 3, 4, 5, 9, 7]))
+    r = stub.Sync(req, timeout=5)
+    assert list(r.append_status) == [pb.APPLIED, pb.APPLIED, pb.BUFFERED, pb.UNKNOWN_GROUP]
+    assert list(r.committed) == [3, 2, 0, 0] and list(r.unknown_groups) == [2] and not r.ended_groups
+    # fetch both groups from scratch, on a stream; then again from where the first answer left off
+    fetch = pb.SyncRequest(group_ids=["b", "a", "ghost"], fetch_group=[0, 1, 2], fetch_cursor=[0, 0, 0], fetch_known=[0, 0, 0])
+    [first] = stub.SyncStream(iter([fetch]), timeout=5)
+    assert list(first.fetch_segments) == [0, 2, 0] and list(first.fetch_new_requests) == [1, 2, 0]
+    assert list(first.request_ids) == ["r0", "r0", "r1"]  # b's one request (no segment yet), then a's two
+    assert unpack(first.segments) == [0, 0, 3, 1, 0, 2] and unpack(first.tokens) == [1, 2, 3, 4, 5]
+    assert list(first.fetch_next) == [0, 2, 0]
+    again = pb.SyncRequest(group_ids=["a", "b"], request_ids=["r0"], append_group=[1], append_prev=[0], append_len=[2],
+                           tokens=u32([8, 8]), fetch_group=[0, 1], fetch_cursor=[2, 0], fetch_known=[2, 1])
+    r = stub.Sync(again, timeout=5)
+    assert list(r.append_status) == [pb.APPLIED] and list(r.committed) == [3]  # b/r0 filled its gap: 8, 8, 9
+    assert list(r.fetch_segments) == [0, 0] and list(r.fetch_next) == [2, 0]  # fetches come before the appends
+    r = stub.Sync(pb.SyncRequest(group_ids=["b"], fetch_group=[0], fetch_cursor=[0], fetch_known=[1]), timeout=5)
+    assert unpack(r.segments) == [0, 0, 2, 0, 2, 1] and unpack(r.tokens) == [8, 8, 9] and not r.request_ids
+    # the same log through the readable FetchCst
+    inc = stub.FetchCst(pb.FetchCstRequest(caches=[pb.CacheState(group_id="b")]), timeout=5).groups[0]
+    assert [(s.request_id, s.start, list(s.tokens)) for s in inc.segments] == [("r0", 0, [8, 8]), ("r0", 2, [9])]
+
+
+def test_sync_cuts_fetches_at_max_tokens(stub):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=30), timeout=5)
+    stub.Sync(pb.SyncRequest(group_ids=["g"], request_ids=["r"] * 3, append_group=[0] * 3, append_prev=[0, 2, 4],
+                             append_len=[2, 2, 2], tokens=u32(range(6))), timeout=5)
+    r = stub.Sync(pb.SyncRequest(group_ids=["g"], fetch_group=[0, 0], fetch_cursor=[0, 1], fetch_known=[0, 1],
+                                 max_tokens=3), timeout=5)
+    assert list(r.fetch_next) == [1, 2] and list(r.fetch_segments) == [1, 1] and list(r.more) == [0, 1]
+    assert unpack(r.tokens) == [0, 1, 2, 3]  # the first fetch's segment, then at least one for the second
+
+
+@pytest.mark.parametrize("bad", [
+    dict(request_ids=["r"], append_group=[0], append_prev=[0], append_len=[2], tokens=u32([1])),  # tokens short
+    dict(request_ids=["r"], append_group=[5], append_prev=[0], append_len=[1], tokens=u32([1])),  # no group 5
+    dict(request_ids=["r"], append_group=[0], append_prev=[-1], append_len=[1], tokens=u32([1])),
+    dict(request_ids=[""], append_group=[0], append_prev=[0], append_len=[1], tokens=u32([1])),
+    dict(request_ids=["r"], append_group=[0, 0], append_prev=[0], append_len=[1], tokens=u32([1])),
+    dict(fetch_group=[0], fetch_cursor=[99], fetch_known=[0]),  # past the log
+    dict(fetch_group=[0], fetch_cursor=[0], fetch_known=[7]),  # more request ids than the group has
+    dict(tokens=b"\x01\x02\x03"),
+])
+def test_malformed_sync_is_invalid_and_applies_nothing(stub, bad):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=30), timeout=5)
+    ok = dict(request_ids=["ok"], append_group=[0], append_prev=[0], append_len=[1], tokens=u32([5]))
+    merged = {**ok, **bad} if "request_ids" not in bad and "tokens" not in bad else bad
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Sync(pb.SyncRequest(group_ids=["g"], **merged), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    r = stub.Sync(pb.SyncRequest(group_ids=["g"], fetch_group=[0], fetch_cursor=[0], fetch_known=[0]), timeout=5)
+    assert not r.tokens and not r.request_ids
+
+
+@pytest.mark.skipif(not suffix_tree.COMPILED, reason="compares the compiled log with the Python one")
+def test_compiled_log_equals_the_python_reference():
+    rng = random.Random(3)
+    for _ in range(30):
+        trees = [(SuffixTree(6, log=True), SuffixTree(6, compiled=False, log=True)) for _ in range(3)]
+        for c, p in trees:
+            for _ in range(rng.randint(0, 3)):
+                c.add_sequence(), p.add_sequence()
+            for _ in range(rng.randint(0, 8)):
+                if c.seqs:
+                    k = rng.randrange(len(c.seqs))
+                    toks = [rng.randrange(4) for _ in range(rng.randint(0, 5))]
+                    buf = u32([0] + toks)
+                    prev = len(c.seqs[k]) if rng.random() < 0.8 else len(c.seqs[k]) + 1
+                    assert c.append_at(k, prev, buf, 1, len(toks), 10**6) == p.append_at(k, prev, buf, 1, len(toks), 10**6)
+                    assert c.seqs == p.seqs and c.snapshot() == p.snapshot()
+        cursors = [rng.randint(0, c.log_size) for c, _ in trees]
+        known = [rng.randint(0, len(c.seqs)) for c, _ in trees]
+        budget = rng.choice([1, 3, 100])
+        with_none = rng.random() < 0.5
+        cs = [c.core for c, _ in trees] + ([None] if with_none else [])
+        ps = [p.core for _, p in trees] + ([None] if with_none else [])
+        extra = [0] if with_none else []
+        assert suffix_tree._CORE.log_fetch(cs, cursors + extra, known + extra, budget) == \
+            suffix_tree._py_log_fetch(ps, cursors + extra, known + extra, budget)
+    c = SuffixTree(4, log=True)
+    c.add_sequence()
+    with pytest.raises(ValueError):
+        c.extend(0, [2**32])  # the log holds uint32 token ids
+    assert c.append_at(0, 0, u32([1, 2]), 0, 2, 1) == -2 and c.seqs == [[]]  # over max_tokens: unchanged
