@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=1, help="load generator processes (instances split across them)")
     ap.add_argument("--server-cpu", type=int, default=0, help="core the server is pinned to (-1: not pinned)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON, table and PNG go")
+    ap.add_argument("--name", default="dgds_load", help="file name of the JSON, table and PNG")
     a = ap.parse_args(argv)
     if a.instances < 1 or a.instances % a.group_size or a.seconds <= 0 or a.processes < 1:
         ap.error("--instances must be a positive multiple of --group-size, --seconds > 0, --processes >= 1")
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from seer.metrics_log import percentile
 
+    load_start = os.getloadavg()[0]
     token = secrets.token_urlsafe(32)
     server = subprocess.Popen(
         [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--port", "0", "--reap-interval", "0.5",
@@ -254,16 +256,16 @@ def main(argv: list[str] | None = None) -> int:
         "rss_mib_first": rss[1][1] if len(rss) > 1 else None, "rss_mib_mid": rss[len(rss) // 2][1] if rss else None,
         "rss_mib_max": max(m for _, m in rss) if rss else None, "rss_mib_last": rss[-1][1] if rss else None,
         "server_pinned_cpu": a.server_cpu if pinned else None, "client_cpus": sorted(a.client_cpus or cpus),
-        "loadavg_end": os.getloadavg()[0], "cpus": os.cpu_count(),
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0], "cpus": os.cpu_count(),
     }
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dgds_load.json").write_text(json.dumps(
-        {**summary, "server_rpcs": server_lat, "command": "python -m bench.dgds_load " + " ".join(argv or sys.argv[1:]),
-         "rss_timeline": rss, "server_core_share_timeline": util}, indent=1))
-    table = "| " + " | ".join(summary) + " |\n|" + "---|" * len(summary) + "\n| " + " | ".join(
-        str(v) for v in summary.values()) + " |\n"
-    (out / "dgds_load.md").write_text(table)
+    command = "python -m bench.dgds_load " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = f"`{command}`\n\n| metric | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in summary.items())
+    (out / f"{a.name}.json").write_text(json.dumps(
+        {**summary, "server_rpcs": server_lat, "command": command, "rss_timeline": rss,
+         "server_core_share_timeline": util}, indent=1))
+    (out / f"{a.name}.md").write_text(table)
     print(table)
 
     import matplotlib
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ax2.set_ylim(0, 1.05)
     ax.set_title(f"DGDS: {a.instances} instances x {a.requests} requests, {a.tokens_per_s:g} tok/s each")
     fig.tight_layout()
-    fig.savefig(out / "dgds_load.png", dpi=110)
+    fig.savefig(out / f"{a.name}.png", dpi=110)
     return 0
 
 
