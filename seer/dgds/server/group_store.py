@@ -278,6 +278,7 @@ class GroupStore:
         self.limits = limits
         self.clock = clock
         self._groups: dict[str, GroupState] = {}
+        self._cores: dict[str, object] = {}  # group id -> its tree's core (what log_fetch takes)
         self._lock = threading.Lock()
         self.expired_total = 0
         self._ended: OrderedDict[str, None] = OrderedDict()  # recently finished/expired ids
@@ -305,6 +306,7 @@ class GroupStore:
                     raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
                 g = GroupState(group_id, SuffixTree(self.max_depth, log=True), ttl_seconds, now + ttl_seconds)
                 self._groups[group_id] = g
+                self._cores[group_id] = g.tree.core
                 self._ended.pop(group_id, None)
             else:
                 g.ttl = ttl_seconds
@@ -317,10 +319,12 @@ class GroupStore:
         with self._lock:
             if self._live(group_id, self.clock()) is None:
                 raise UnknownGroups([group_id])
-            del self._groups[group_id]
-            self._mark_ended(group_id)
+            self._drop(group_id)
 
-    def _mark_ended(self, group_id: str) -> None:
+    def _drop(self, group_id: str) -> None:
+        """Forget a group that finished or expired (remembered as ended)."""
+        del self._groups[group_id]
+        self._cores.pop(group_id, None)
         self._ended[group_id] = None
         self._ended.move_to_end(group_id)
         while len(self._ended) > self._max_ended:
@@ -334,16 +338,14 @@ class GroupStore:
     def _reap_locked(self, now: float) -> int:
         dead = [gid for gid, g in self._groups.items() if g.expires_at <= now]
         for gid in dead:
-            del self._groups[gid]
-            self._mark_ended(gid)
+            self._drop(gid)
         self.expired_total += len(dead)
         return len(dead)
 
     def _live(self, group_id: str, now: float) -> GroupState | None:
         g = self._groups.get(group_id)
         if g is not None and g.expires_at <= now:
-            del self._groups[group_id]
-            self._mark_ended(group_id)
+            self._drop(group_id)
             self.expired_total += 1
             return None
         return g
@@ -414,19 +416,21 @@ class GroupStore:
         buf, max_group = b.tokens, lim.max_tokens_per_group
         with self._lock:
             now = self.clock()
+            # (a group past its lease is served until the reaper frees it, within reap_interval_s)
             groups = list(map(self._groups.get, b.group_ids))
-            if None in groups or any([g.expires_at <= now for g in groups if g is not None]):
-                groups = [self._live(gid, now) for gid in b.group_ids]
-            cores = [None if g is None else g.tree.core for g in groups]
+            cores = list(map(self._cores.get, b.group_ids))
+            if None in groups:  # (and never a stale core for a group that is gone)
+                cores = [None if g is None else g.tree.core for g in groups]
             fetched = list(map(cores.__getitem__, b.fetch_group))
             try:
                 nxt, nseg, nnew, more, segs, toks = log_fetch(fetched, b.fetch_cursor, b.fetch_known, budget)
             except ValueError as e:
                 raise Malformed(str(e)) from None
             res = SyncResult(bytearray(n), [0] * n, nxt, nseg, nnew, [], segs, toks, more)
-            for k in [k for k, m in enumerate(nnew) if m]:
-                names = groups[b.fetch_group[k]].request_ids
-                res.request_ids.extend(names[len(names) - nnew[k]:])
+            if any(nnew):
+                for k in [k for k, m in enumerate(nnew) if m]:
+                    names = groups[b.fetch_group[k]].request_ids
+                    res.request_ids.extend(names[len(names) - nnew[k]:])
             status, committed = res.append_status, res.committed
             off = 0
             for k, (gi, rid, prev, m) in enumerate(zip(b.append_group, b.request_ids, b.append_prev, b.append_len)):
@@ -445,8 +449,9 @@ class GroupStore:
                         continue
                 status[k], committed[k] = g.apply(rid, prev, unpack_u32(buf[4 * off : 4 * (off + m)]).tolist(), lim)
                 off += m
-            res.unknown = [i for i, g in enumerate(groups) if g is None]
-            res.ended = [i for i in res.unknown if b.group_ids[i] in self._ended]
+            if None in groups:
+                res.unknown = [i for i, g in enumerate(groups) if g is None]
+                res.ended = [i for i in res.unknown if b.group_ids[i] in self._ended]
             return res
 
     def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
