@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_window: list = [None, None]
         last = (time.time(), _cpu_s(server.pid))
         with tqdm(total=int(window[1] - t0), desc="load", unit="s", mininterval=5, disable=not sys.stderr.isatty()) as bar:
-            while any(p.is_alive() for p in procs) and time.time() < window[1] + 120:
+            while any(p.is_alive() for p in procs) and time.time() < window[1] + 0.5:
                 time.sleep(0.1)
                 now, cpu = time.time(), _cpu_s(server.pid)
                 for k in (0, 1):
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     rss.append((round(now - t0, 1), round(_rss_mib(server.pid), 1)))
                     last = (now, cpu)
                 bar.update(max(0, min(int(now - t0), bar.total)) - bar.n)
-        results = [o for _ in procs for o in q.get(timeout=120)]
+        results = [o for _ in procs for o in q.get(timeout=120)]  # (before join: a child exits once read)
         for p in procs:
             p.join()
         server_lat = _server_metrics(address, token)
