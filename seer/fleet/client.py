@@ -31,10 +31,13 @@ class InstanceUnavailable(ConnectionError):
 class InstanceClient:
     """One vLLM server reached over HTTP; implements seer.types.InstanceBackend."""
 
-    def __init__(self, name: str, base_url: str, model: str | None = None, request_timeout_s: float = 3600.0):
+    def __init__(self, name: str, base_url: str, model: str | None = None, request_timeout_s: float = 3600.0,
+                 token: str | None = None):
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
+        # The run's secret (seer.fleet.auth), sent on every request; None for an open server.
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -49,7 +52,7 @@ class InstanceClient:
             # on a loaded machine dropped a healthy instance from a rollout (chunk and health probe
             # both sent on stale connections).
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout,
+                timeout=self._timeout, headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
             )
             self._session_loop = loop

@@ -13,6 +13,8 @@ Every method is a coroutine of the run's one event loop, so HTTP sessions live a
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -89,7 +91,8 @@ class Fleet:
             kv.close()
             raise
         try:
-            specs = [ds.configure(kv.configure(s)) for s in instance_specs(instances, launch)]
+            token = secrets.token_urlsafe(32)  # this run's: every instance route but /health needs it
+            specs = [ds.configure(kv.configure(s)) for s in instance_specs(instances, launch, token)]
             pool = await InstancePool.alaunch(
                 specs, work / "logs", instances.startup_timeout_s,
                 on_ready=(lambda n, s: notify(f"  {n} ready in {s:.0f} s")) if notify else None,
@@ -103,8 +106,10 @@ class Fleet:
     @classmethod
     def attach(cls, urls: list[str], notify: Notify | None = None) -> Fleet:
         """Running instances reached by URL: they bring their own KV pool and drafting; this fleet
-        starts nothing and stops nothing."""
-        return cls(InstancePool.connect(list(urls), "seer-policy"), None, None, notify)
+        starts nothing and stops nothing. Their secret, if they have one, is VLLM_API_KEY in this
+        process's environment."""
+        token = os.environ.get("VLLM_API_KEY") or None
+        return cls(InstancePool.connect(list(urls), "seer-policy", token=token), None, None, notify)
 
     # ---- state ----------------------------------------------------------------------------
     @property
@@ -227,7 +232,7 @@ class Fleet:
         await self.aclose()
 
 
-def instance_specs(cfg: InstancesConfig, launch: LaunchSettings) -> list[InstanceSpec]:
+def instance_specs(cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> list[InstanceSpec]:
     """One launch record per instance: on a GPU machine each gets its share of the GPUs, on CPU
     its share of the cores, so an idle instance is idle hardware as on a cluster."""
     gpus = cuda_devices()
@@ -238,7 +243,7 @@ def instance_specs(cfg: InstancesConfig, launch: LaunchSettings) -> list[Instanc
             name=f"inst{i}", model=launch.model_dir, port=free_port(), cpus=cpus, gpus=gpus_i,
             dtype=launch.dtype, max_model_len=launch.max_model_len, kv_cache_bytes=cfg.kv_cache_bytes,
             max_num_seqs=cfg.max_num_seqs, seed=launch.seed, extra_args=tuple(cfg.extra_args),
-            scheduling_policy=launch.scheduling_policy,
+            scheduling_policy=launch.scheduling_policy, token=token,
         )
         for i, (cpus, gpus_i) in enumerate(devices)
     ]

@@ -39,6 +39,9 @@ class InstanceSpec:
     # "priority" (vLLM's priority scheduling) lets a policy that ranks its chunks
     # (scheduler.engine_priority) choose which a full engine preempts; the loop sets it with that option.
     scheduling_policy: str = "fcfs"
+    # The run's secret: every route but /health needs it (seer.fleet.auth). It travels in the
+    # server's environment, never on its command line; None leaves the server open (tests, benches).
+    token: str | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -63,6 +66,8 @@ class InstanceSpec:
             cmd += ["--kv-cache-memory-bytes", str(int(self.kv_cache_bytes))]
         if self.weight_sync:
             cmd += list(weights.SERVER_ARGS)
+        if self.token:
+            cmd += ["--middleware", "seer.fleet.auth.RunTokenMiddleware"]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -78,6 +83,10 @@ class InstanceSpec:
         if self.weight_sync:
             env.update(weights.SERVER_ENV)
         env.update(self.env)
+        if self.token:
+            env["VLLM_API_KEY"] = self.token  # vLLM's /v1 check and seer.fleet.auth's for the rest
+        else:
+            env.pop("VLLM_API_KEY", None)
         return env
 
 

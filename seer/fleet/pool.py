@@ -29,8 +29,8 @@ class InstancePool:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def connect(cls, urls: list[str], model: str | None = None) -> "InstancePool":
-        return cls([InstanceClient(f"inst{i}", u, model) for i, u in enumerate(urls)])
+    def connect(cls, urls: list[str], model: str | None = None, token: str | None = None) -> "InstancePool":
+        return cls([InstanceClient(f"inst{i}", u, model, token=token) for i, u in enumerate(urls)])
 
     @classmethod
     def launch(cls, *args, **kwargs) -> "InstancePool":
@@ -47,7 +47,7 @@ class InstancePool:
     ) -> "InstancePool":
         """Start every server at once and wait until all answer /health, or raise with logs."""
         servers = [VLLMServer(s, Path(log_dir) / f"{s.name}.log") for s in specs]
-        pool = cls([InstanceClient(s.name, s.url, "seer-policy") for s in specs], servers)
+        pool = cls([InstanceClient(s.name, s.url, "seer-policy", token=s.token) for s in specs], servers)
         try:
             for srv in servers:
                 srv.start()

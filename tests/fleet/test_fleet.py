@@ -34,6 +34,7 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
             tmp_path, notes.append)
         async with fleet:
             assert fleet.launched and fleet.kv_pool_on and len(fleet.backends) == min(2, cores)
+            await _nothing_open_to_strangers(fleet)
             assert await fleet.versions() == {n: 0 for n in fleet.names}
             await fleet.prepare_rollout(0)  # every instance serves version 0: the rollout may start
 
@@ -72,3 +73,37 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
         assert not any(s.alive() for s in fleet.pool.servers)  # closed: nothing left running
 
     asyncio.run(go())
+
+
+async def _nothing_open_to_strangers(fleet) -> None:
+    """Without the run's secret only /health answers (seer.fleet.auth), on vLLM's /v1 routes and its
+    dev-mode routes alike; the secret is on no command line; nothing listens on a wildcard address."""
+    import aiohttp
+
+    from tests.sockets import command_lines, listening, process_tree
+
+    url = fleet.backends[0].base_url
+    async with aiohttp.ClientSession() as s:
+        for method, path in [("post", "/v1/completions"), ("post", "/collective_rpc"),
+                             ("post", "/reset_prefix_cache"), ("get", "/metrics"), ("get", "/v1/models")]:
+            async with getattr(s, method)(url + path, json={}) as r:
+                assert r.status == 401, (path, r.status)
+        async with s.get(url + "/health") as r:
+            assert r.status == 200
+    token = fleet.pool.servers[0].spec.token
+    assert token and len(token) >= 32
+    pids = [p for srv in fleet.pool.servers for p in process_tree(srv.proc.pid)]
+    pids += [p for proc in (fleet.kv.master, fleet.kv.store) for p in process_tree(proc.proc.pid)]
+    assert not any(token.encode() in c for c in command_lines(pids))
+    addresses = listening(pids)
+    assert addresses, "found no listening socket at all: the check itself is broken"
+    wildcard = {a for a in addresses if a[0] in ("0.0.0.0", "::")}
+    # The two Mooncake listeners the README names ("Running on a cluster: what listens where"):
+    # the transfer engine's handshake port (15000-17000, no bind option) and the master's HTTP
+    # metadata server (its host flag is not honoured by this build).
+    metadata_port = int(fleet.kv.endpoints.metadata_server.rsplit(":", 1)[1].split("/")[0])
+    unexplained = {a for a in wildcard if not (15000 <= a[1] <= 17000 or a[1] == metadata_port)}
+    assert not unexplained, f"listening on every interface: {sorted(unexplained)}"
+    for srv in fleet.pool.servers:  # the API server binds its host only
+        assert (srv.spec.host, srv.spec.port) in addresses
+        assert not {a for a in addresses if a[1] == srv.spec.port and a[0] != srv.spec.host}

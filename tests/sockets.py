@@ -1,0 +1,60 @@
+"""What a test's processes expose: the TCP addresses they listen on, and their command lines."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from pathlib import Path
+
+from seer.procs.process import _children
+
+
+def process_tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def listening(pids: list[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of `pids` holds (IPv4 and IPv6)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path(f"/proc/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr_hex, port_hex = f[1].split(":")
+            raw = bytes.fromhex(addr_hex)
+            if family == socket.AF_INET:
+                addr = socket.inet_ntop(family, raw[::-1])
+            else:
+                addr = socket.inet_ntop(family, b"".join(struct.pack("<I", *struct.unpack(">I", raw[i:i + 4]))
+                                                        for i in range(0, 16, 4)))
+            found.add((addr, int(port_hex, 16)))
+    return found
+
+
+def command_lines(pids: list[int]) -> list[bytes]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            pass
+    return out
