@@ -49,7 +49,12 @@ def _running(guard: int) -> int:
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
     port = argv[argv.index("--port") + 1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    # the job's instances want its secret: read it where the server has it, in its environment
+    env = dict(kv.split("=", 1) for server in _children(guard)
+               for kv in Path(f"/proc/{server}/environ").read_bytes().decode().split("\0") if "=" in kv)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Authorization": f"Bearer {env['VLLM_API_KEY']}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         return telemetry_from_metrics("victim", r.read().decode()).num_running
 
 
