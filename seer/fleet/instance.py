@@ -34,7 +34,7 @@ class InstanceSpec:
     max_num_seqs: int = 256
     seed: int = 0
     extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # may carry secrets (SEER_DGDS_TOKEN)
     weight_sync: bool = True  # load new weights in place (seer.fleet.weights) and report versions
     # "priority" (vLLM's priority scheduling) lets a policy that ranks its chunks
     # (scheduler.engine_priority) choose which a full engine preempts; the loop sets it with that option.

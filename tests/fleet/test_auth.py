@@ -43,7 +43,8 @@ def test_the_token_comes_from_the_environment_and_is_required(monkeypatch):
 def test_the_launch_record_keeps_the_token_off_the_command_line():
     from seer.fleet.instance import InstanceSpec
 
-    spec = InstanceSpec("i", "/m", 1234, token="s3cret")
+    spec = InstanceSpec("i", "/m", 1234, token="s3cret", env={"SEER_DGDS_TOKEN": "dgds-s3cret"})
+    assert "dgds-s3cret" not in repr(spec) and "dgds-s3cret" not in " ".join(spec.command())
     assert "s3cret" not in " ".join(spec.command()) and "s3cret" not in repr(spec)
     assert "seer.fleet.auth.RunTokenMiddleware" in spec.command()
     assert spec.environment()["VLLM_API_KEY"] == "s3cret"
