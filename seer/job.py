@@ -39,6 +39,7 @@ class Job:
     prompts: list[PromptSpec]
     max_model_len: int
     rollout_fn: RolloutFunction
+    resume: bool = False  # continue after the run directory's last checkpoint
 
     @classmethod
     def prepare(cls, cfg: RunConfig, console: Console, *, resume: bool = False, overwrite: bool = False) -> Job:
@@ -61,13 +62,13 @@ class Job:
         run.log(f"run started: model {model_dir}, task {task.name} ({len(prompts)} prompts), "
                 f"{cfg.iterations} iterations, resume={resume}")
         return cls(cfg, console, run, MetricsLog(run.path), Path(model_dir), tokenizer, task, prompts,
-                   max_model_len, rollout_fn)
+                   max_model_len, rollout_fn, resume)
 
     # ---- where to start -------------------------------------------------------------------
-    def resume_point(self, resume: bool):
+    def resume_point(self):
         """(first iteration, weight version, trainer or None) after the last committed checkpoint."""
-        ckpt = self.run.latest_checkpoint() if resume else None
-        if resume and ckpt is None:
+        ckpt = self.run.latest_checkpoint() if self.resume else None
+        if self.resume and ckpt is None:
             self.console.print(f"[yellow]--resume: no checkpoint under {self.run.path}; starting from iteration 0[/]")
         if ckpt is not None:
             self.metrics.truncate_after(ckpt.iteration)

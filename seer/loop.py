@@ -25,7 +25,7 @@ def run(cfg: RunConfig, console: Console | None = None, *, resume: bool = False,
     """Run `cfg.iterations` iterations (after the last checkpoint with `resume`); the records."""
     console = console or Console()
     job = Job.prepare(cfg, console, resume=resume, overwrite=overwrite)
-    records = asyncio.run(_iterate(job, resume))
+    records = asyncio.run(_iterate(job))
     if records:
         console.print(summary_table(records))
         plot = plot_iterations(records, job.run.path / "iterations.png")
@@ -33,9 +33,9 @@ def run(cfg: RunConfig, console: Console | None = None, *, resume: bool = False,
     return records
 
 
-async def _iterate(job: Job, resume: bool) -> list[dict]:
+async def _iterate(job: Job) -> list[dict]:
     cfg, console = job.cfg, job.console
-    start, version, trainer = job.resume_point(resume)
+    start, version, trainer = job.resume_point()
     records = job.metrics.records()
     if start >= cfg.iterations:
         console.print(f"nothing to do: {start} of {cfg.iterations} iterations already done")
