@@ -5,6 +5,10 @@ cleanup code of ours runs, so each server is started under this guard: the kerne
 guard when its parent dies (PR_SET_PDEATHSIG), and the guard kills the server's process group.
 The guard also polls its parent id, in case the death signal was missed.
 
+A guard can itself be SIGKILLed (Ray kills a dead worker's direct children), so it forks a
+sentinel that is not its parent's child: the kernel signals the sentinel when the guard dies, and
+the sentinel takes the server's process group down.
+
 With `--cpus LIST` (e.g. `0` or `2,3`; ranges like `2-3` too) the guard pins itself, and so the
 whole server it starts (API process, engine core, their threads), to those cores: an instance's
 every thread stays on its own cores, so an idle instance is idle hardware, as on a cluster, and
@@ -44,6 +48,39 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _sentinel(pgid: int, guard_pid: int) -> None:
+    """In a forked child: wait for the guard's death, then kill the server's group. Never returns."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # kept pending: no lost wake-up
+        set_parent_death_signal(signal.SIGTERM)
+        while os.getppid() == guard_pid:
+            signal.sigtimedwait({signal.SIGTERM}, 1.0)
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not _group_alive(pgid):
+                break
+    finally:
+        os._exit(0)
+
+
 def parse_cpus(text: str) -> set[int]:
     """`0`, `0,1`, `2-3` or `0,2-3` -> the set of core ids; a clear error for anything else."""
     cores: set[int] = set()
@@ -73,6 +110,9 @@ def main(argv: list[str]) -> int:
     if cpus is not None:
         os.sched_setaffinity(0, cpus)  # inherited by the server and everything it starts
     proc = subprocess.Popen(argv[2:], start_new_session=True)
+    guard_pid = os.getpid()
+    if os.fork() == 0:
+        _sentinel(proc.pid, guard_pid)
     stopping = False
 
     def on_signal(signum, frame):
