@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from seer.dgds.server.config import DGDSConfig
-from seer.fleet.config import InstancesConfig
+from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
@@ -95,6 +95,7 @@ class RunConfig:
     task: TaskConfig = field(default_factory=lambda: TaskConfig(num_prompts=16))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     instances: InstancesConfig = field(default_factory=InstancesConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where launched instances run (Ray)
     # Chunks of 1/8 of the maximum generation length, the paper's proportion (8192 of 64K).
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(chunk_size=256))
     kvpool: KVPoolConfig = field(default_factory=lambda: KVPoolConfig(capacity_bytes=1024 * 2**20))
@@ -285,7 +286,7 @@ def validate(cfg: RunConfig) -> None:
     if r.reward_timeout_s is not None:
         _require(r.reward_timeout_s > 0, "rollout.reward_timeout_s", f"must be > 0 (or null: no limit), got {r.reward_timeout_s}")
     i = cfg.instances
-    if not i.urls:
+    if not i.urls and not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):  # a one-node Ray here
         cores = len(os.sched_getaffinity(0))
         _require(i.count >= 1, "instances.count", f"must be >= 1, got {i.count}")
         _require(i.count <= cores, "instances.count",

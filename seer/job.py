@@ -103,7 +103,7 @@ class Job:
                 cfg.instances, cfg.kvpool, cfg.dgds,
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
-                self.run.path, notify)
+                self.run.path, notify, cfg.cluster)
         self.console.print(f"{n} instances ready")
         self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
         return fleet

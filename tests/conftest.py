@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Ray reads its auth settings when it is imported: before anything imports it, the session gets
+# one token, used by the session's Ray clusters, this process and the seer-run jobs tests start.
+RAY_TMP = Path(tempfile.mkdtemp(prefix="seer-t-", dir="/tmp"))  # short: Ray's socket paths live below
+(RAY_TMP / "token").write_text(secrets.token_hex(32))
+(RAY_TMP / "token").chmod(0o600)
+os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(RAY_TMP / "token"), RAY_USAGE_STATS_ENABLED="0")
 
 # Fixtures that start real vLLM instances: a test using one is a `vllm` test (`make test-fast`
 # leaves those out) whether or not its file says so.
@@ -82,3 +92,19 @@ def restore_base_weights(vllm_pool, tiny_model):
                 await c.close()
 
     asyncio.run(go())
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A one-node Ray on 127.0.0.2 that this process is connected to (what seer-run starts for
+    itself); Fleet.launch in a test uses it instead of starting one per test."""
+    import ray
+
+    ray.init(_node_ip_address="127.0.0.2", num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
+             _temp_dir=str(RAY_TMP / "local"), configure_logging=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(RAY_TMP, ignore_errors=True)

@@ -16,3 +16,36 @@ class InstancesConfig:
     max_num_seqs: int = 256
     startup_timeout_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
+
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The run config's `cluster:` section: the Ray cluster that places a launched fleet.
+
+    Without an address seer-run starts a one-node Ray of its own on `node_ip` (a loopback address:
+    Ray rewrites 127.0.0.1 to the machine's external one) with its own auth token, and stops it at
+    the end; with one it joins that cluster and uses the cluster's token (RAY_AUTH_TOKEN_PATH).
+    """
+
+    address: str | None = None  # host:port of a running cluster's GCS; RAY_ADDRESS works too
+    node_ip: str | None = None  # this machine's address in the cluster; None: 127.0.0.2 when started here
+    placement_strategy: str = "PACK"  # one bundle per instance: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
+    cpus_per_instance: int = 1
+    gpus_per_instance: int = 0
+    connect_timeout_s: float = 60.0  # ray.init has no timeout of its own
+    placement_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"cluster.placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                             f"got {self.placement_strategy!r}")
+        if self.address is not None and ":" not in self.address:
+            raise ValueError(f"cluster.address must be host:port, got {self.address!r}")
+        if self.node_ip in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"cluster.node_ip cannot be {self.node_ip}: Ray rewrites it to the machine's "
+                             "external address; use another loopback address such as 127.0.0.2")
+        if self.cpus_per_instance < 0 or self.gpus_per_instance < 0 or self.cpus_per_instance + self.gpus_per_instance == 0:
+            raise ValueError("cluster.cpus_per_instance and gpus_per_instance must be >= 0, not both 0")

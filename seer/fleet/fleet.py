@@ -17,18 +17,21 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seer.dgds.server.config import DGDSConfig
 from seer.fleet.client import InstanceClient
-from seer.fleet.config import InstancesConfig
+from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.fleet.instance import InstanceSpec
 from seer.fleet.pool import InstancePool
 from seer.fleet.weights import StaleWeightsError, push_weights, require_version, weight_version
 from seer.kvpool.config import KVPoolConfig
 from seer.procs import cpu_sets, cuda_devices, free_port, gpu_sets
 from seer.types import WeightsRef
+
+
+LOOPBACK = "127.0.0.1"
 
 
 class FleetError(RuntimeError):
@@ -60,12 +63,15 @@ class Fleet:
     """Instances, KV pool and DGDS service of one run. Build with `Fleet.launch` or `Fleet.attach`;
     use as `async with`. `backends` are the live instances (seer.types.InstanceBackend)."""
 
-    def __init__(self, pool: InstancePool, kv=None, dgds=None, notify: Notify | None = None):
+    def __init__(self, pool: InstancePool, kv=None, dgds=None, notify: Notify | None = None,
+                 placement=None, cluster=None):
         self.pool = pool
         self.kv = kv
         self.dgds = dgds
         self.notify = notify or (lambda msg: None)
         self.dropped: list[Dropped] = []
+        self.placement = placement  # seer.fleet.ray_hosts.Placement of launched instances
+        self.cluster = cluster  # seer.fleet.ray_cluster.RayCluster
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -77,31 +83,57 @@ class Fleet:
         launch: LaunchSettings,
         work_dir: str | Path,
         notify: Notify | None = None,
+        cluster: ClusterConfig | None = None,
     ) -> Fleet:
-        """Start the KV pool and the DGDS server, then the instances (which register with both),
-        and wait until every instance answers; anything started is stopped if a later step fails."""
+        """Place one Ray actor per instance (a one-node Ray started here unless `cluster` names
+        one), start the KV master and the DGDS server on this node and a KV store on every node that
+        hosts instances, then the instances (which register with both) on their nodes, and wait
+        until every instance answers; anything started is stopped if a later step fails."""
         from seer.dgds.server.service import DGDSService
+        from seer.fleet.ray_cluster import RayCluster
         from seer.kvpool.pool import KVPool
 
         work = Path(work_dir)
-        kv = await asyncio.to_thread(KVPool.start, kvpool, work / "kvpool")
+        cfg = cluster or ClusterConfig()
+        ray_cluster = RayCluster.connect(cfg)  # before ray is imported: it reads its auth settings then
+        from seer.fleet.ray_hosts import Placement, RemoteServer
+        started: list = [ray_cluster]
         try:
+            say = notify or (lambda msg: None)
+            if ray_cluster.started_here:
+                say(f"  a one-node Ray on {ray_cluster.node_ip} in {ray_cluster.startup_s:.1f} s")
+            placement = await asyncio.to_thread(Placement.create, instances.count, cfg)
+            started.append(placement)
+            nodes = placement.distinct_nodes()
+            say(f"  {instances.count} instances placed ({cfg.placement_strategy}) on {len(nodes)} node(s): "
+                + ", ".join(n.ip for n in nodes))
+            # Services of the driver's node bind to its cluster address unless the config names one.
+            kvpool = replace(kvpool, host=ray_cluster.node_ip) if kvpool.host == LOOPBACK else kvpool
+            dgds = replace(dgds, host=ray_cluster.node_ip) if dgds.host == LOOPBACK else dgds
+            kv = await asyncio.to_thread(KVPool.start, kvpool, work / "kvpool", False)
+            started.append(kv)
+            if kv.enabled and kvpool.capacity_bytes > 0:
+                for store in await asyncio.to_thread(placement.start_stores, kvpool, kv.endpoints, str(work)):
+                    await asyncio.to_thread(kv.add_store, store)
             ds = await asyncio.to_thread(DGDSService.start, dgds, work / "dgds")
-        except BaseException:
-            kv.close()
-            raise
-        try:
+            started.append(ds)
             token = secrets.token_urlsafe(32)  # this run's: every instance route but /health needs it
-            specs = [ds.configure(kv.configure(s)) for s in instance_specs(instances, launch, token)]
-            pool = await InstancePool.alaunch(
-                specs, work / "logs", instances.startup_timeout_s,
-                on_ready=(lambda n, s: notify(f"  {n} ready in {s:.0f} s")) if notify else None,
+            kv_arg = (kvpool, kv.endpoints) if kv.enabled else None
+            servers = [
+                RemoteServer(ds.configure(spec), actor, node, cpus, kv_arg, str(work))
+                for spec, actor, node, cpus in zip(
+                    [base_spec(i, instances, launch, token) for i in range(instances.count)],
+                    placement.actors, placement.nodes, placement.core_sets())
+            ]
+            pool = await InstancePool.astart(
+                servers, instances.startup_timeout_s,
+                on_ready=(lambda n, s: say(f"  {n} ready in {s:.0f} s")) if notify else None,
             )
         except BaseException:
-            ds.close()
-            kv.close()
+            for part in reversed(started):
+                part.close()
             raise
-        return cls(pool, kv, ds, notify)
+        return cls(pool, kv, ds, notify, placement, ray_cluster)
 
     @classmethod
     def attach(cls, urls: list[str], notify: Notify | None = None) -> Fleet:
@@ -129,10 +161,24 @@ class Fleet:
         return bool(self.pool.servers)
 
     # ---- faults ---------------------------------------------------------------------------
+    def where(self, name: str) -> str | None:
+        """The node of a launched instance, and whether Ray still counts it alive."""
+        server = next((s for s in self.pool.servers if s.spec.name == name), None)
+        node = getattr(server, "node", None)
+        if node is None:
+            return None
+        from seer.fleet.ray_hosts import node_alive
+
+        state = {True: "alive", False: "dead", None: "unknown"}[node_alive(node.node_id)]
+        return f"node {node.ip} ({node.node_id[:12]}, Ray: {state})"
+
     def drop(self, name: str, reason: str, when: str) -> None:
         """Take a lost instance out for good; the run goes on with the others."""
         if name not in self.pool.names:
             return
+        where = self.where(name)
+        if where:
+            reason = f"{reason}; on {where}"
         if len(self.pool.clients) <= 1:
             raise FleetError(f"every instance is lost ({when}): {name}: {reason}")
         self.pool.drop(name)
@@ -219,9 +265,9 @@ class Fleet:
         self.close()
 
     def close(self) -> None:
-        """Stop what this fleet launched: instances first, then DGDS and the pool."""
+        """Stop what this fleet launched: instances first, then DGDS and the pool, then Ray."""
         self.pool.close()
-        for service in (self.dgds, self.kv):
+        for service in (self.dgds, self.kv, self.placement, self.cluster):
             if service is not None:
                 service.close()
 
@@ -232,21 +278,25 @@ class Fleet:
         await self.aclose()
 
 
+def base_spec(i: int, cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None, **where) -> InstanceSpec:
+    """Instance `i`'s launch record; `where` (host, port, cpus, gpus) is filled in by the node
+    that runs it when not given."""
+    return InstanceSpec(
+        name=f"inst{i}", model=launch.model_dir, port=where.pop("port", 0), dtype=launch.dtype,
+        max_model_len=launch.max_model_len, kv_cache_bytes=cfg.kv_cache_bytes, max_num_seqs=cfg.max_num_seqs,
+        seed=launch.seed, extra_args=tuple(cfg.extra_args), scheduling_policy=launch.scheduling_policy,
+        token=token, **where,
+    )
+
+
 def instance_specs(cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> list[InstanceSpec]:
     """One launch record per instance: on a GPU machine each gets its share of the GPUs, on CPU
     its share of the cores, so an idle instance is idle hardware as on a cluster."""
     gpus = cuda_devices()
     devices = ([(None, g) for g in gpu_sets(cfg.count, gpus)] if gpus
                else [(c, None) for c in cpu_sets(cfg.count)])
-    return [
-        InstanceSpec(
-            name=f"inst{i}", model=launch.model_dir, port=free_port(), cpus=cpus, gpus=gpus_i,
-            dtype=launch.dtype, max_model_len=launch.max_model_len, kv_cache_bytes=cfg.kv_cache_bytes,
-            max_num_seqs=cfg.max_num_seqs, seed=launch.seed, extra_args=tuple(cfg.extra_args),
-            scheduling_policy=launch.scheduling_policy, token=token,
-        )
-        for i, (cpus, gpus_i) in enumerate(devices)
-    ]
+    return [base_spec(i, cfg, launch, token, port=free_port(), cpus=cpus, gpus=gpus_i)
+            for i, (cpus, gpus_i) in enumerate(devices)]
 
 
-__all__ = ["Dropped", "Fleet", "FleetError", "LaunchSettings", "StaleWeightsError", "instance_specs"]
+__all__ = ["Dropped", "Fleet", "FleetError", "LaunchSettings", "StaleWeightsError", "base_spec", "instance_specs"]

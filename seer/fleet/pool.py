@@ -46,11 +46,28 @@ class InstancePool:
         on_ready: Callable[[str, float], None] | None = None,
     ) -> "InstancePool":
         """Start every server at once and wait until all answer /health, or raise with logs."""
-        servers = [VLLMServer(s, Path(log_dir) / f"{s.name}.log") for s in specs]
+        return await cls.astart([VLLMServer(s, Path(log_dir) / f"{s.name}.log") for s in specs],
+                                ready_timeout_s, on_ready)
+
+    @classmethod
+    async def astart(
+        cls,
+        servers: list,
+        ready_timeout_s: float = 600.0,
+        on_ready: Callable[[str, float], None] | None = None,
+    ) -> "InstancePool":
+        """Start servers built elsewhere (here, or on a cluster's nodes: seer.fleet.ray_hosts), each
+        with a `spec` that `start()` completes, and wait until all answer /health."""
+        try:
+            for srv in servers:  # in this thread: a guard's death signal follows the thread that started it
+                srv.start()
+        except BaseException:
+            for srv in servers:
+                srv.stop()
+            raise
+        specs = [srv.spec for srv in servers]
         pool = cls([InstanceClient(s.name, s.url, "seer-policy", token=s.token) for s in specs], servers)
         try:
-            for srv in servers:
-                srv.start()
             await pool._wait_ready(ready_timeout_s, on_ready)
         except BaseException:
             pool.close()

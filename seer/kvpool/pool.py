@@ -18,6 +18,7 @@ instances reconnect to it by themselves, with no instance restart, and the pool 
 from __future__ import annotations
 
 import atexit
+from dataclasses import replace
 import tempfile
 import time
 import urllib.request
@@ -34,6 +35,7 @@ from seer.kvpool.processes import (
     segment_mounted,
     start_master,
     start_store,
+    wait_store_ready,
 )
 from seer.types import LaunchSpec
 
@@ -47,43 +49,44 @@ class KVPool:
         endpoints: PoolEndpoints | None,
         work_dir: Path,
         master: GuardedProcess | None = None,
-        store: GuardedProcess | None = None,
+        stores: list | None = None,
     ):
         self.config = config
         self.endpoints = endpoints
         self.work_dir = Path(work_dir)
         self.master = master
-        self.store = store
+        # The pool's memory: one store here, or one per node of a cluster (seer.fleet's Ray hosts
+        # start those and add them); each has GuardedProcess's alive/stop/log_tail.
+        self.stores: list = list(stores or [])
         self._closed = False
-        if master is not None or store is not None:
-            atexit.register(self.close)
+        atexit.register(self.close)
 
     @classmethod
-    def start(cls, config: KVPoolConfig, work_dir: str | Path | None = None) -> KVPool:
-        """Launch (or join) the pool; a disabled config gives a pool that configures nothing."""
+    def start(cls, config: KVPoolConfig, work_dir: str | Path | None = None, local_store: bool = True) -> KVPool:
+        """Launch (or join) the pool; a disabled config gives a pool that configures nothing.
+        `local_store=False` starts no store here: a cluster's nodes bring theirs (`add_store`)."""
         work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="seer-kvpool-"))
         work.mkdir(parents=True, exist_ok=True)
         if not config.enabled:
             return cls(config, None, work)
-        if not config.launches_master:
-            endpoints = PoolEndpoints(config.master_address, config.metadata_server)
-            pool = cls(config, endpoints, work)
-            if config.capacity_bytes > 0:
-                try:
-                    pool.store = start_store(config, endpoints, work)
-                except BaseException:
-                    pool.close()
-                    raise
-                atexit.register(pool.close)
-            return pool
-        master, endpoints = start_master(config, work)
+        if config.launches_master:
+            master, endpoints = start_master(config, work)
+        else:
+            master, endpoints = None, PoolEndpoints(config.master_address, config.metadata_server)
         pool = cls(config, endpoints, work, master=master)
-        try:
-            pool.store = start_store(config, endpoints, work)
-        except BaseException:
-            pool.close()
-            raise
+        if local_store and config.capacity_bytes > 0:
+            try:
+                pool.stores.append(start_store(config, endpoints, work))
+            except BaseException:
+                pool.close()
+                raise
         return pool
+
+    def add_store(self, proc) -> None:
+        """A started store (here or on another node): wait until the master counts its memory."""
+        self.stores.append(proc)
+        wait_store_ready(proc, replace(self.config, host=_store_host(proc)), self.endpoints,
+                         self.config.capacity_bytes * len(self.stores))
 
     @property
     def enabled(self) -> bool:
@@ -118,7 +121,7 @@ class KVPool:
     def restart_master(self, timeout_s: float | None = None) -> float:
         """Start the master launched here again on the same address; seconds until usable.
 
-        Usable = its ports listen and, when the store was launched here, the store has
+        Usable = its ports listen and every live store of the pool has
         re-mounted its segment (its heartbeat does that by itself, within seconds), so puts
         succeed again. The new master starts empty: every stored prefix is recomputed once.
         """
@@ -127,16 +130,17 @@ class KVPool:
         timeout = self.config.ready_timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
         self.master = restart_master(self.master, self.endpoints, timeout)
-        if self.store is not None:
-            while not segment_mounted(self.endpoints, self.config.capacity_bytes):
-                if not self.store.alive():
-                    raise PoolStartError(f"mooncake store exited after the master restart:\n{self.store.log_tail()}")
-                if time.monotonic() - t0 > timeout:
-                    raise PoolStartError(
-                        f"the store did not re-mount its segment within {timeout:.0f}s of the master restart:\n"
-                        f"{self.store.log_tail()}"
-                    )
-                time.sleep(0.1)
+        stores = [s for s in self.stores if s.alive()]  # a store lost with its node stays lost
+        while stores and not segment_mounted(self.endpoints, self.config.capacity_bytes * len(stores)):
+            for store in stores:
+                if not store.alive():
+                    raise PoolStartError(f"{store.name} exited after the master restart:\n{store.log_tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise PoolStartError(
+                    f"the stores did not re-mount their segments within {timeout:.0f}s of the master restart:\n"
+                    + "\n".join(s.log_tail() for s in stores)
+                )
+            time.sleep(0.1)
         return time.monotonic() - t0
 
     def ensure_master(self) -> float | None:
@@ -150,7 +154,7 @@ class KVPool:
         if self._closed:
             return
         self._closed = True
-        for proc in (self.store, self.master):
+        for proc in (*self.stores, self.master):
             if proc is not None:
                 proc.stop()
 
@@ -159,3 +163,7 @@ class KVPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _store_host(proc) -> str:
+    return next(a for a in proc.command if a.startswith("--host=")).split("=", 1)[1]

@@ -142,14 +142,11 @@ def segment_mounted(endpoints: PoolEndpoints, capacity_bytes: int) -> bool:
     return mounted is not None and mounted >= capacity_bytes
 
 
-def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> GuardedProcess:
-    """The standalone mooncake_client whose global segment (cfg.capacity_bytes) is the pool's memory.
-
-    Ready when the master counts its segment (when the master's metrics are known), else when
-    the client's service port listens.
-    """
+def store_process(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path, name: str = "mooncake_store") -> GuardedProcess:
+    """The standalone mooncake_client whose global segment (cfg.capacity_bytes) is memory of the
+    pool, on cfg.host (its node's address: other nodes fetch from it there). Not started yet."""
     host = cfg.host
-    port = free_port(host)
+    port = free_port(host)  # also names its local socket: two stores on one host need two ports
     cmd = [
         mooncake_binary("mooncake_client"),
         f"--master_server_address={endpoints.master_address}",
@@ -159,20 +156,33 @@ def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> G
         f"--protocol={cfg.protocol}", f"--device_names={cfg.device_name}",
         "--threads=1", "--logtostderr",
     ]
-    proc = GuardedProcess(
-        "mooncake_store", cmd, log_dir / "mooncake_store.log", env={"MC_TCP_BIND_ADDRESS": host}
-    )
-    proc.start()
+    return GuardedProcess(name, cmd, log_dir / f"{name}.log", env={"MC_TCP_BIND_ADDRESS": host})
+
+
+def wait_store_ready(proc, cfg: KVPoolConfig, endpoints: PoolEndpoints, mounted_bytes: int | None = None) -> None:
+    """Until the master counts `mounted_bytes` of store memory (default: this store's), when its
+    metrics are known; else until the store's service port listens. `proc` may run on another node
+    (anything with GuardedProcess's alive/stop/log_tail)."""
+    want = cfg.capacity_bytes if mounted_bytes is None else mounted_bytes
+    port = int(next(a for a in proc.command if a.startswith("--port=")).split("=", 1)[1])
     deadline = time.monotonic() + cfg.ready_timeout_s
     while True:
         check_alive(proc)
         if endpoints.metrics_url is not None:
-            ready = segment_mounted(endpoints, cfg.capacity_bytes)
+            ready = segment_mounted(endpoints, want)
         else:
-            ready = _port_open(host, port)
+            ready = _port_open(cfg.host, port)
         if ready:
-            return proc
+            return
         if time.monotonic() > deadline:
             proc.stop()
             raise PoolStartError(f"mooncake store not ready after {cfg.ready_timeout_s:.0f}s:\n{proc.log_tail()}")
         time.sleep(0.2)
+
+
+def start_store(cfg: KVPoolConfig, endpoints: PoolEndpoints, log_dir: Path) -> GuardedProcess:
+    """A store on this machine, started and ready."""
+    proc = store_process(cfg, endpoints, log_dir)
+    proc.start()
+    wait_store_ready(proc, cfg, endpoints)
+    return proc

@@ -15,13 +15,13 @@ from seer.fleet import Fleet, FleetError, LaunchSettings
 from seer.fleet.config import InstancesConfig
 from seer.fleet.weights import StaleWeightsError
 from seer.kvpool.config import KVPoolConfig
-from seer.procs.process import _children
+from tests.sockets import process_tree
 from seer.types import WeightsRef
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
-def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
+def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path, ray_session):
     notes: list[str] = []
     cores = len(os.sched_getaffinity(0))
 
@@ -34,6 +34,11 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
             tmp_path, notes.append)
         async with fleet:
             assert fleet.launched and fleet.kv_pool_on and len(fleet.backends) == min(2, cores)
+            # one Ray actor per instance, each server bound to its node's address, on its own cores
+            assert [s.spec.host for s in fleet.pool.servers] == [s.node.ip for s in fleet.pool.servers]
+            assert sorted(s.spec.cpus for s in fleet.pool.servers) == [str(c) for c in sorted(os.sched_getaffinity(0))][:2]
+            assert len(fleet.kv.stores) == 1  # one store per node that hosts instances
+            server_pids = [p for s in fleet.pool.servers for p in process_tree(s.pids()[0])]
             await _nothing_open_to_strangers(fleet)
             assert await fleet.versions() == {n: 0 for n in fleet.names}
             await fleet.prepare_rollout(0)  # every instance serves version 0: the rollout may start
@@ -58,8 +63,11 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
                 return
             # an instance dies between rollouts: dropped by the health probe, the push goes on
             victim = fleet.names[0]
-            for pid in _children(fleet.pool.server(victim).proc.pid):
-                os.killpg(pid, signal.SIGKILL)
+            for pid in fleet.pool.server(victim).pids()[1:]:  # the server's group (and the guard's sentinel)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             t0 = time.monotonic()
             await fleet.load_weights(WeightsRef(2, str(tiny_model)))
             assert fleet.names == [n for n in fleet.names if n != victim] and len(fleet.names) == 1
@@ -71,6 +79,10 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path):
                 fleet.drop(fleet.names[0], "test", "in the test")  # the last instance is never dropped
             assert len(fleet.backends) == 1
         assert not any(s.alive() for s in fleet.pool.servers)  # closed: nothing left running
+        deadline = time.monotonic() + 30
+        while [p for p in server_pids if _running(p)] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert not [p for p in server_pids if _running(p)], "a server process outlived the fleet"
 
     asyncio.run(go())
 
@@ -92,8 +104,8 @@ async def _nothing_open_to_strangers(fleet) -> None:
             assert r.status == 200
     token = fleet.pool.servers[0].spec.token
     assert token and len(token) >= 32
-    pids = [p for srv in fleet.pool.servers for p in process_tree(srv.proc.pid)]
-    pids += [p for proc in (fleet.kv.master, fleet.kv.store) for p in process_tree(proc.proc.pid)]
+    pids = [p for srv in (*fleet.pool.servers, *fleet.kv.stores) for p in process_tree(srv.pids()[0])]
+    pids += process_tree(fleet.kv.master.proc.pid)
     assert not any(token.encode() in c for c in command_lines(pids))
     addresses = listening(pids)
     assert addresses, "found no listening socket at all: the check itself is broken"
@@ -107,3 +119,10 @@ async def _nothing_open_to_strangers(fleet) -> None:
     for srv in fleet.pool.servers:  # the API server binds its host only
         assert (srv.spec.host, srv.spec.port) in addresses
         assert not {a for a in addresses if a[1] == srv.spec.port and a[0] != srv.spec.host}
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
