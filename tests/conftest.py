@@ -108,3 +108,18 @@ def ray_session():
 
 def pytest_unconfigure(config):
     shutil.rmtree(RAY_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_two_nodes():
+    """A real two-node Ray cluster: head 127.0.0.3 on core 0, a node 127.0.0.4 on core 1, each its
+    own `ray start` (tests.ray_nodes). Jobs join it with cluster.address; a test that loses a node
+    brings it back (`RayNodes.revive`)."""
+    from tests.ray_nodes import RayNodes
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.fail("the two-node cluster needs two cores, one per node")
+    nodes = RayNodes(RAY_TMP / "two").start(["127.0.0.3", "127.0.0.4"], [str(cores[0]), str(cores[1])])
+    yield nodes
+    nodes.stop()

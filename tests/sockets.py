@@ -58,3 +58,30 @@ def command_lines(pids: list[int]) -> list[bytes]:
         except OSError:
             pass
     return out
+
+
+def server_groups(guard: int) -> list[int]:
+    """The process groups a seer.procs.guard started: its server's (not the sentinel it forks,
+    which stays in the guard's own group)."""
+    out = []
+    for child in _children(guard):
+        try:
+            if os.getpgid(child) == child:
+                out.append(child)
+        except ProcessLookupError:
+            continue
+    return out
+
+
+def guards(root: int, *needles: str) -> list[int]:
+    """The seer.procs.guard processes under `root` (at any depth: under Ray they are an actor's
+    children) whose command line holds every needle."""
+    out = []
+    for pid in process_tree(root):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "seer.procs.guard" in cmd and all(n in cmd for n in needles):
+            out.append(pid)
+    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from failure_record import record
-from seer.procs.process import _children
+from tests.sockets import guards, server_groups
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -31,16 +31,8 @@ SYNC_EXTRA_S = 15.0
 
 
 def _vllm_guards(pid: int) -> list[int]:
-    """The job's guard processes that run a vLLM server."""
-    out = []
-    for child in _children(pid):
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "seer.procs.guard" in cmd and "vllm.entrypoints" in cmd:
-            out.append(child)
-    return out
+    """The job's guard processes that run a vLLM server (children of the job's Ray actors)."""
+    return guards(pid, "vllm.entrypoints")
 
 
 def _running(guard: int) -> int:
@@ -48,11 +40,11 @@ def _running(guard: int) -> int:
     from seer.procs.vllm_metrics import telemetry_from_metrics
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
-    port = argv[argv.index("--port") + 1]
+    host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
     # the job's instances want its secret: read it where the server has it, in its environment
-    env = dict(kv.split("=", 1) for server in _children(guard)
+    env = dict(kv.split("=", 1) for server in server_groups(guard)
                for kv in Path(f"/proc/{server}/environ").read_bytes().decode().split("\0") if "=" in kv)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+    req = urllib.request.Request(f"http://{host}:{port}/metrics",
                                  headers={"Authorization": f"Bearer {env['VLLM_API_KEY']}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return telemetry_from_metrics("victim", r.read().decode()).num_running
@@ -89,7 +81,7 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                     assert time.monotonic() < deadline, "iteration 1's rollout never reached the instance"
                     time.sleep(0.02)
             killed_at = time.monotonic()
-            for server in _children(guards[-1]):  # the vLLM server leads its own process group
+            for server in server_groups(guards[-1]):  # the vLLM server leads its own process group
                 os.killpg(server, signal.SIGKILL)
             assert job.wait(timeout=600) == 0, log.read_text()[-3000:]
         finally:

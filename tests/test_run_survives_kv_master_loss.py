@@ -25,7 +25,7 @@ import pytest
 
 from failure_record import record
 from seer.kvpool.accounting import MasterStats
-from seer.procs.process import _children
+from tests.sockets import guards, server_groups
 from seer.procs.prometheus import parse_prometheus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -34,21 +34,19 @@ RESTART_S = 15.0
 MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
 
 
-def _master_guard(pid: int) -> tuple[int, int] | None:
-    """(guard pid, metrics port) of the job's mooncake_master, or None."""
-    for child in _children(pid):
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "seer.procs.guard" in cmd and "mooncake_master" in cmd:
-            return child, int(re.search(r"--metrics_port=(\d+)", cmd).group(1))
+def _master_guard(pid: int) -> tuple[int, str] | None:
+    """(guard pid, metrics host:port) of the job's mooncake_master, or None."""
+    for guard in guards(pid, "mooncake_master"):
+        cmd = Path(f"/proc/{guard}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        host = re.search(r"--metrics_host=(\S+)", cmd).group(1)
+        port = re.search(r"--metrics_port=(\d+)", cmd).group(1)
+        return guard, f"{host}:{port}"
     return None
 
 
-def _master_metrics(port: int) -> dict[str, float]:
+def _master_metrics(address: str) -> dict[str, float]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
         return {}
@@ -78,7 +76,7 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             guard, metrics_port = _master_guard(job.pid)
-            for master in _children(guard):  # mooncake_master leads its own process group
+            for master in server_groups(guard):  # mooncake_master leads its own process group
                 os.killpg(master, signal.SIGKILL)
             while job.poll() is None:  # the restarted master answers on the same metrics port
                 m = _master_metrics(metrics_port)

@@ -129,6 +129,12 @@ class Fleet:
                 servers, instances.startup_timeout_s,
                 on_ready=(lambda n, s: say(f"  {n} ready in {s:.0f} s")) if notify else None,
             )
+            for srv in pool.servers:
+                say(f"  {srv.spec.name} on node {srv.node.ip} (Ray node {srv.node.node_id}): {srv.spec.url}, "
+                    + (f"GPUs {srv.spec.gpus}" if srv.spec.gpus else f"cores {srv.spec.cpus}"))
+            if kv.stores:
+                say(f"  KV pool: master on {kv.endpoints.master_address}, a store of "
+                    f"{kvpool.capacity_bytes >> 20} MiB on each node: {', '.join(s.node.ip for s in kv.stores)}")
         except BaseException:
             for part in reversed(started):
                 part.close()

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from failure_record import record
-from seer.procs.process import _children
+from tests.sockets import server_groups
 from seer.types import SamplingParams
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.tasks import TaskConfig, encode_prompts, load_task
@@ -54,7 +54,7 @@ def three_instances(tiny_model, tmp_path_factory):
     pool = InstancePool.launch(specs, tmp_path_factory.mktemp("fault-logs"), ready_timeout_s=600)
     yield pool
     for srv in pool.servers:  # a stopped group must be resumed to die on SIGTERM
-        for pid in _children(srv.proc.pid):
+        for pid in server_groups(srv.proc.pid):
             try:
                 os.killpg(pid, signal.SIGCONT)
             except ProcessLookupError:
@@ -101,7 +101,7 @@ def test_killed_and_hung_instances_lose_no_sample(three_instances, tiny_model):
             if not state["done"] and p.output_tokens >= 200:
                 state["done"] = True
                 state["at"] = time.monotonic()  # the driver's clock: RolloutResult.dropped times
-                for pid in _children(hung.proc.pid):
+                for pid in server_groups(hung.proc.pid):
                     os.killpg(pid, signal.SIGSTOP)
                 dead.kill()
 

@@ -1,0 +1,152 @@
+"""`seer-run --sync` on a real two-node Ray cluster (two loopback addresses, a core each): one vLLM
+instance and one KV store per node, chunks that move between nodes load their prefix from the
+pool, and a node lost mid-rollout costs no sample and leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sockets import guards, process_tree
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+
+MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
+ORPHAN_GRACE_S = 20.0  # the guard's sentinel: SIGTERM, then SIGKILL after its 10 s grace
+
+
+def _job(cluster, run_dir: Path, log: Path, iterations: int = 2, **extra) -> subprocess.Popen:
+    sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
+            "rollout.group_size": 4, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
+            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4,
+            "cluster.address": cluster.address, "cluster.node_ip": cluster.nodes[0].ip,
+            "cluster.placement_strategy": "STRICT_SPREAD",
+            # every continuation chunk changes instance, and so node: moves do not depend on timing
+            "scheduler.policy": MOVE, **extra}
+    cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", str(iterations), "--run-dir", str(run_dir)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=cluster.env())
+
+
+def _placed(text: str) -> dict[str, tuple[str, str, str, str]]:
+    """instance -> (node ip, Ray node id, url host, cores) from the fleet's lines in run.log."""
+    found = re.findall(r"(inst\d+) on node (\S+) \(Ray node (\w+)\): http://([\d.]+):\d+, cores (\S+)", text)
+    return {name: (ip, node_id, host, cores) for name, ip, node_id, host, cores in found}
+
+
+def _node_processes(cluster, node) -> list[int]:
+    """Every process Seer started on `node`: the guards under its Ray workers, and their trees."""
+    out = []
+    for pid in node.session_pids():
+        for guard in guards(pid):
+            out += process_tree(guard)
+    return sorted(set(out))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_model, tmp_path):
+    cluster = ray_two_nodes
+    ids = cluster.alive_nodes()
+    assert set(ids) == {"127.0.0.3", "127.0.0.4"}, ids
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    stores: dict[str, str] = {}  # store host -> node, seen while the job runs
+    job = _job(cluster, run_dir, log)
+    try:
+        while job.poll() is None:
+            for node in cluster.nodes:
+                for guard in [g for pid in node.session_pids() for g in guards(pid, "mooncake_client")]:
+                    cmd = Path(f"/proc/{guard}/cmdline").read_bytes().decode(errors="replace")
+                    stores[re.search(r"--host=([\d.]+)", cmd).group(1)] = node.ip
+            time.sleep(0.5)
+        assert job.returncode == 0, log.read_text()[-4000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    text = (run_dir / "run.log").read_text()
+    placed = _placed(text)
+    assert sorted(p[0] for p in placed.values()) == ["127.0.0.3", "127.0.0.4"], text[-3000:]
+    for name, (ip, node_id, host, cores) in placed.items():
+        assert node_id == ids[ip], (name, node_id, ids)  # the node Ray says it runs on
+        assert host == ip  # the server is bound to its node's address
+        assert cores == next(n.cores for n in cluster.nodes if n.ip == ip)  # and on its node's cores
+    # a store per node, started by that node's Ray worker and bound to its address
+    assert stores == {"127.0.0.3": "127.0.0.3", "127.0.0.4": "127.0.0.4"}, stores
+    assert re.search(r"a store of 16 MiB on each node: 127\.0\.0\.\d, 127\.0\.0\.\d", text)
+
+    recs = _records(run_dir)
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert all(r["num_samples"] == 16 for r in recs)
+    assert [r["weight_version"] for r in recs] == [0, 1]
+    for r in recs:
+        assert r["chunks_migrated"] > 0, r  # every continuation moved to the other node
+        assert r["migrated_prefix_tokens_cached"] > 0, {k: r.get(k) for k in (
+            "chunks_migrated", "migrated_prefix_tokens", "migrated_prefix_tokens_cached")}
+        assert r["reward_mean"] is not None
+    trained = [r for r in recs if r.get("logprob_mismatch_mean") is not None]
+    assert trained and all(r["logprob_mismatch_mean"] < 1e-4 for r in trained), [
+        (r.get("logprob_mismatch_mean"), r.get("logprob_mismatch_max")) for r in recs]
+    (tmp_path.parent / "two_nodes_metrics.json").write_text(json.dumps(recs))
+
+
+def test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process(ray_two_nodes, tiny_model, tmp_path):
+    cluster = ray_two_nodes
+    victim = cluster.nodes[1]
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    job = _job(cluster, run_dir, log)
+    try:
+        marker = run_dir / "rollouts" / "iter_0000.jsonl"  # iteration 0 done: iteration 1 rolls out next
+        deadline = time.monotonic() + 600
+        while not (marker.exists() and marker.read_text().strip()):
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        while "rollout 1:" not in _run_log(run_dir):  # the job's first progress line of iteration 1
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)  # chunks in flight on both nodes
+        seer_pids = _node_processes(cluster, victim)
+        assert any(b"vllm.entrypoints" in Path(f"/proc/{p}/cmdline").read_bytes() for p in seer_pids if _alive(p))
+        cluster.lose(victim)
+        lost_at = time.monotonic()
+        left = seer_pids
+        while left and time.monotonic() - lost_at < ORPHAN_GRACE_S:
+            left = [p for p in left if _alive(p)]
+            time.sleep(0.2)
+        assert not left, f"processes of the lost node still run: {left}"
+        assert job.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+        cluster.revive(victim)
+    text = (run_dir / "run.log").read_text()
+    drops = [line for line in text.splitlines() if "dropped" in line]
+    assert drops and "on node 127.0.0.4" in drops[0], text[-3000:]
+    recs = _records(run_dir)
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert all(r["num_samples"] == 16 for r in recs)  # no sample lost
+    assert [r["weight_version"] for r in recs] == [0, 1]
+
+
+def _run_log(run_dir: Path) -> str:
+    try:
+        return (run_dir / "run.log").read_text()
+    except OSError:
+        return ""
