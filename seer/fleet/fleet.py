@@ -95,7 +95,7 @@ class Fleet:
 
         work = Path(work_dir)
         cfg = cluster or ClusterConfig()
-        ray_cluster = RayCluster.connect(cfg)  # before ray is imported: it reads its auth settings then
+        ray_cluster = RayCluster.connect(cfg, work / "logs")  # before ray is imported: it reads its auth settings then
         from seer.fleet.ray_hosts import Placement, RemoteServer
         started: list = [ray_cluster]
         try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seer.fleet.config import ClusterConfig
+from seer.procs import GuardedProcess, free_port
 
 LOCAL_NODE_IP = "127.0.0.2"
 
@@ -49,7 +50,7 @@ class RayCluster:
         self.startup_s = startup_s
 
     @classmethod
-    def connect(cls, cfg: ClusterConfig) -> RayCluster:
+    def connect(cls, cfg: ClusterConfig, log_dir: str | Path | None = None) -> RayCluster:
         """Use the Ray this process is already connected to, join `cfg.address` (or RAY_ADDRESS),
         or start a one-node Ray on `cfg.node_ip` (default 127.0.0.2)."""
         t0 = time.monotonic()
@@ -77,22 +78,40 @@ class RayCluster:
                                "before importing ray, or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH first")
         # Read when ray is imported (and inherited by every process of this Ray): set before that.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
-        import ray
-
+        # The head is a `ray start --block` under the guard, not ray.init's own processes: those are
+        # forked with a preexec hook, and in a driver whose OpenMP runtime is up (the trainer) the
+        # fork handler of Intel OpenMP pins the child, and so every Ray worker, to one core.
+        port = free_port(ip)
+        head = GuardedProcess(
+            "ray-head", [*_ray_cli(), "start", "--head", "--block", "--node-ip-address", ip, "--port", str(port),
+                         "--num-cpus", str(len(os.sched_getaffinity(0))), "--include-dashboard", "false",
+                         "--disable-usage-stats", "--temp-dir", str(tmp / "r")],
+            Path(log_dir or tmp) / "ray-head.log", env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
+        head.start()
+        cluster = cls(ip, True, True, tmp)
+        cluster.head = head
         try:
-            # In this thread: Ray ties its head processes' lives to the thread that starts them.
-            ray.init(_node_ip_address=ip, num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
-                     _temp_dir=str(tmp / "r"), configure_logging=False, log_to_driver=False)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ClusterError(f"could not start a one-node Ray on {ip}: {e}") from e
-        return cls(ip, True, True, tmp, time.monotonic() - t0)
+            deadline = time.monotonic() + cfg.connect_timeout_s
+            while not _port_open(ip, port):
+                if not head.alive() or time.monotonic() > deadline:
+                    raise ClusterError(f"a one-node Ray on {ip} did not start (log {head.log_path}):\n{head.log_tail()}")
+                time.sleep(0.2)
+            _init({"address": f"{ip}:{port}", "_node_ip_address": ip, "configure_logging": False,
+                   "log_to_driver": False}, cfg.connect_timeout_s, f"the one-node Ray started on {ip}")
+        except BaseException:
+            cluster.close()
+            raise
+        cluster.startup_s = time.monotonic() - t0
+        return cluster
+
+    head: GuardedProcess | None = None  # the `ray start --head` of a Ray started here
 
     def close(self) -> None:
-        import ray
-
-        if self.connected_here and ray.is_initialized():
-            ray.shutdown()  # stops the processes of a Ray started here; only disconnects from a joined one
+        if self.connected_here and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()  # disconnects this driver
+        if self.head is not None:
+            self.head.stop()  # the guard takes the head's whole session down
+            self.head = None
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
             self.tmp_dir = None
@@ -119,3 +138,21 @@ def _init(kwargs: dict, timeout_s: float, what: str) -> None:
                            "cluster.node_ip this machine's address in it? RAY_AUTH_TOKEN_PATH its token?)")
     if failure:
         raise ClusterError(f"could not connect to {what}: {failure[0]}") from failure[0]
+
+
+def _ray_cli() -> list[str]:
+    """The `ray` command of this Python environment."""
+    script = Path(sys.executable).with_name("ray")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"]
+
+
+def _port_open(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
