@@ -9,7 +9,9 @@ from array import array
 import grpc
 import pytest
 
-from seer.dgds.server.grpc_server import DgdsServer
+from seer.dgds.server.group_store import GroupStore, Limits
+from seer.dgds.server.grpc_server import DgdsServer, DraftServicer
+from seer.dgds.server.metrics import RpcMetrics
 from seer.dgds.server.proto import dgds_pb2 as pb
 from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.tree import suffix_tree
@@ -120,3 +122,101 @@ def test_compiled_log_equals_the_python_reference():
     with pytest.raises(ValueError):
         c.extend(0, [2**32])  # the log holds uint32 token ids
     assert c.append_at(0, 0, u32([1, 2]), 0, 2, 1) == -2 and c.seqs == [[]]  # over max_tokens: unchanged
+
+
+def _store_state(store: GroupStore) -> dict:
+    out = {}
+    for gid, g in sorted(store._groups.items()):
+        c = g.tree.core
+        [_], _, _, _, segs, toks = suffix_tree.log_fetch([c], [0], [0], 10**9) if g.tree.compiled else \
+            suffix_tree._py_log_fetch([c], [0], [0], 10**9)
+        out[gid] = (g.tree.snapshot(), [list(s) for s in g.tree.seqs], list(g.request_ids),
+                    {k: dict(v) for k, v in g.pending.items()}, g.expires_at, segs, toks)
+    return out
+
+
+@pytest.mark.skipif(not suffix_tree.COMPILED, reason="the compiled sync against GroupStore.sync")
+def test_compiled_sync_answers_as_group_store_sync():
+    """GroupStore.sync_raw (the whole message in C) against GroupStore.sync on the same messages:
+    in-order, duplicate, overlapping, gapped, conflicting and empty appends, a request twice, new
+    requests, unknown and ended groups, fetches cut by max_tokens; same answers, trees and logs."""
+    rng = random.Random(11)
+    clock = [100.0]
+    fast, ref = (GroupStore(8, Limits(max_tokens_per_group=400), clock=lambda: clock[0]) for _ in range(2))
+    servicer = DraftServicer(ref, RpcMetrics())
+    gids = [f"g{i}" for i in range(5)]
+    for s in (fast, ref):
+        for g in gids[:4]:
+            s.register(g, 30 + int(g[1:]))
+        s.finish("g3")  # ended: answered in ended_groups
+    lens = {}  # (group, request) -> tokens sent so far
+    answered = 0
+    for msg in range(400):
+        clock[0] += 0.5
+        names = rng.sample(gids, rng.randint(1, 5))
+        req = pb.SyncRequest(group_ids=names, max_tokens=rng.choice([0, 0, 5, 40]))
+        toks: list[int] = []
+        for _ in range(rng.randint(0, 6)):
+            gi = rng.randrange(len(names))
+            rid = f"r{rng.randrange(3)}"
+            have = lens.get((names[gi], rid), 0)
+            prev = max(0, have + rng.choice([0, 0, 0, 0, -2, 1, 3]))
+            m = rng.choice([0, 1, 3, 8, 8])
+            req.request_ids.append(rid)
+            req.append_group.append(gi)
+            req.append_prev.append(prev)
+            req.append_len.append(m)
+            toks += [rng.randrange(5) for _ in range(m)]
+            lens[(names[gi], rid)] = max(have, prev + m)
+        req.tokens = u32(toks)
+        for gi in range(len(names)):
+            if rng.random() < 0.8:
+                g = ref._groups.get(names[gi])
+                req.fetch_group.append(gi)
+                req.fetch_cursor.append(rng.randint(0, g.tree.log_size) if g else rng.randint(0, 3))
+                req.fetch_known.append(rng.randint(0, len(g.request_ids)) if g else 0)
+        raw = req.SerializeToString()
+        try:
+            expected = servicer._sync(pb.SyncRequest.FromString(raw))
+        except Exception as e:  # (over max_tokens_per_group: both raise it)
+            with pytest.raises(type(e)):
+                fast.sync_raw(raw)
+            continue
+        got = fast.sync_raw(raw)
+        assert got is not None
+        assert pb.SyncResponse.FromString(got) == expected, msg
+        assert _store_state(fast) == _store_state(ref), msg
+        answered += 1
+    assert answered > 300
+
+
+@pytest.mark.skipif(not suffix_tree.COMPILED, reason="the compiled sync's parser")
+def test_compiled_sync_leaves_what_it_does_not_take_to_group_store_sync():
+    """Malformed messages (or encodings the C parser does not take) are answered None and change
+    nothing; unpacked repeated fields and unknown fields parse as protobuf does."""
+    store = GroupStore(8)
+    store.register("g", 30)
+    before = _store_state(store)
+    ok = dict(group_ids=["g"], request_ids=["r"], append_group=[0], append_prev=[0], append_len=[2], tokens=u32([1, 2]))
+    for bad in (dict(tokens=u32([1])), dict(append_group=[3]), dict(append_prev=[-1]), dict(request_ids=[""]),
+                dict(append_len=[2, 2]), dict(fetch_group=[0], fetch_cursor=[5], fetch_known=[0]),
+                dict(fetch_group=[0], fetch_cursor=[0], fetch_known=[2])):
+        assert store.sync_raw(pb.SyncRequest(**{**ok, **bad}).SerializeToString()) is None
+    assert store.sync_raw(b"\x0a\x05g") is None  # truncated
+    assert store.sync_raw(b"\x0a\x02\xff\xfe") is None  # not UTF-8
+    assert _store_state(store) == before
+
+    def varint(v: int) -> bytes:
+        out = b""
+        while v >= 0x80:
+            out += bytes([v & 0x7F | 0x80])
+            v >>= 7
+        return out + bytes([v])
+
+    # fields 3, 4, 5 unpacked (one varint each), an unknown field 15 (fixed32) and 16 (bytes)
+    raw = (b"\x0a\x01g" + b"\x12\x01r" + b"\x18" + varint(0) + b"\x20" + varint(0) + b"\x28" + varint(2) +
+           b"\x32\x08" + u32([1, 2]) + b"\x7d\x01\x02\x03\x04" + b"\x82\x01\x02hi")
+    assert pb.SyncRequest.FromString(raw).append_len == [2]
+    got = pb.SyncResponse.FromString(store.sync_raw(raw))
+    assert list(got.append_status) == [pb.APPLIED] and list(got.committed) == [2]
+    assert store.tree("g").seqs == [[1, 2]]

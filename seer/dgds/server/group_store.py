@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from seer.dgds.tree.drafting import draft
-from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch
+from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch, sync_packed
 from seer.dgds.types import Draft, DraftParams, Segment
 
 
@@ -279,6 +279,8 @@ class GroupStore:
         self.clock = clock
         self._groups: dict[str, GroupState] = {}
         self._cores: dict[str, object] = {}  # group id -> its tree's core (what log_fetch takes)
+        # group id -> (state, core, request_index, pending, request_ids): what sync_packed reads
+        self._fast: dict[str, tuple] = {}
         self._lock = threading.Lock()
         self.expired_total = 0
         self._ended: OrderedDict[str, None] = OrderedDict()  # recently finished/expired ids
@@ -307,6 +309,7 @@ class GroupStore:
                 g = GroupState(group_id, SuffixTree(self.max_depth, log=True), ttl_seconds, now + ttl_seconds)
                 self._groups[group_id] = g
                 self._cores[group_id] = g.tree.core
+                self._fast[group_id] = (g, g.tree.core, g.request_index, g.pending, g.request_ids)
                 self._ended.pop(group_id, None)
             else:
                 g.ttl = ttl_seconds
@@ -325,6 +328,7 @@ class GroupStore:
         """Forget a group that finished or expired (remembered as ended)."""
         del self._groups[group_id]
         self._cores.pop(group_id, None)
+        self._fast.pop(group_id, None)
         self._ended[group_id] = None
         self._ended.move_to_end(group_id)
         while len(self._ended) > self._max_ended:
@@ -453,6 +457,15 @@ class GroupStore:
                 res.unknown = [i for i, g in enumerate(groups) if g is None]
                 res.ended = [i for i in res.unknown if b.group_ids[i] in self._ended]
             return res
+
+    def sync_raw(self, raw: bytes) -> bytes | None:
+        """``sync`` of a serialized SyncRequest, answered serialized, all in the compiled core (no
+        Python step per group, append or token); None where ``sync`` must run instead: a message it
+        would refuse (it raises the reason) or one the core's parser does not take, or no core."""
+        if sync_packed is None:
+            return None
+        with self._lock:
+            return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits)
 
     def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
         """fetch_cst: for each (group, log offset) the segments the caller lacks."""

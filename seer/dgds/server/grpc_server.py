@@ -49,6 +49,11 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
+def _serialize_any(message) -> bytes:
+    """Sync answers come serialized already from the compiled core (GroupStore.sync_raw)."""
+    return message if type(message) is bytes else message.SerializeToString()
+
+
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries ``token`` (none without one)."""
     return ((AUTH_KEY, f"Bearer {token}"),) if token else ()
@@ -107,7 +112,7 @@ def _rpc(request_type: type) -> Callable:
             t0 = time.perf_counter()
             ok = False
             try:
-                out = method(self, _parse(request_type, raw))
+                out = method(self, raw if request_type is bytes else _parse(request_type, raw))
                 ok = True
                 return out
             except DgdsError as e:
@@ -137,9 +142,10 @@ class DraftServicer:
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, for grpc.aio.Server.add_generic_rpc_handlers."""
         methods = {}
-        for name in ("RegisterGroup", "FinishGroup", "UpdateCst", "FetchCst", "Sync", "BatchSpeculate", "GetMetrics"):
+        for name in ("RegisterGroup", "FinishGroup", "UpdateCst", "FetchCst", "BatchSpeculate", "GetMetrics"):
             methods[name] = grpc.unary_unary_rpc_method_handler(getattr(self, name), response_serializer=_serialize)
-        methods["SyncStream"] = grpc.stream_stream_rpc_method_handler(self.SyncStream, response_serializer=_serialize)
+        methods["Sync"] = grpc.unary_unary_rpc_method_handler(self.Sync, response_serializer=_serialize_any)
+        methods["SyncStream"] = grpc.stream_stream_rpc_method_handler(self.SyncStream, response_serializer=_serialize_any)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
     @_rpc(pb.RegisterGroupRequest)
@@ -186,15 +192,20 @@ class DraftServicer:
             ended_groups=r.ended,
         )
 
-    @_rpc(pb.SyncRequest)
-    def Sync(self, request: pb.SyncRequest) -> pb.SyncResponse:
-        return self._sync(request)
+    def _sync_raw(self, raw: bytes) -> bytes | pb.SyncResponse:
+        """The compiled core's answer, or (for what it leaves to Python) GroupStore.sync's."""
+        out = self.store.sync_raw(raw)
+        return out if out is not None else self._sync(_parse(pb.SyncRequest, raw))
+
+    @_rpc(bytes)
+    def Sync(self, raw: bytes) -> bytes | pb.SyncResponse:
+        return self._sync_raw(raw)
 
     async def SyncStream(self, requests, context: grpc.aio.ServicerContext):
         async for raw in requests:
             t0 = time.perf_counter()
             try:
-                response = self._sync(_parse(pb.SyncRequest, raw))
+                response = self._sync_raw(raw)
             except DgdsError as e:
                 self.metrics.observe("SyncStream", time.perf_counter() - t0, False)
                 await _abort(context, e)

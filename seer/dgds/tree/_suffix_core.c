@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifndef SCAN_MAX
 #define SCAN_MAX 4 /* up to this many children: found by scanning the sibling list, not hashed */
@@ -40,7 +41,7 @@
 typedef struct {
     int64_t tok;     /* first token of the edge: the key under the parent (root: unused) */
     int64_t count;   /* windows that end at or pass through the node */
-    int32_t length;  /* edge length (an open leaf's is stale during its own sequence's extend) */
+    int32_t length;  /* edge length; an open leaf's (growing) is not kept: see elen() */
     int32_t ref_seq; /* the edge is seqs[ref_seq][ref_idx : ref_idx + length] */
     int32_t ref_idx;
     int32_t parent;
@@ -78,6 +79,8 @@ typedef struct {
     int32_t nseqs, seqs_cap;
     PyObject *pyseqs; /* list of the sequences' lists */
     uint64_t version; /* bumped by every extend (SuffixTree caches its node view on it) */
+    int32_t *scratch; /* max_depth + 1 ints: step()'s per-window lookup state */
+    uint64_t mark;    /* sync_packed's: seen in this message */
     int log_on;       /* keep the append log (Tree(log=True)) */
     int64_t *log_seg; /* 4 per segment: sequence, start, length, tokens of the log up to its end */
     int64_t log_n, log_cap;
@@ -87,6 +90,98 @@ typedef struct {
 
 static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
 static PyObject *s_tokens, *s_probs, *s_max_spec, *s_lmin, *s_lmax, *s_topk, *s_floor;
+
+/* ---- big arrays ------------------------------------------------------------------------------ */
+
+/* The arrays a step reads at random (nodes, hash tables, tokens) come, from BIG_MIN bytes up, out
+ * of 2 MiB-aligned regions advised to be huge pages (MADV_HUGEPAGE): a draft server's trees are far
+ * larger than what 4 KiB pages' TLB entries cover, so otherwise nearly every random access is a
+ * page walk too. Blocks are powers of two, kept on one free list per size for the next trees (never
+ * returned to the system); smaller arrays come from PyMem. Callers pass each block's byte size. */
+#ifndef BIG_MIN_SHIFT
+#define BIG_MIN_SHIFT 16
+#endif
+#define BIG_MAX_SHIFT 25 /* blocks up to 32 MiB from the regions; larger ones mapped on their own */
+#define REGION_BYTES ((size_t)64 << 20)
+#define HUGE_BYTES ((size_t)2 << 20)
+static void *big_free_list[BIG_MAX_SHIFT + 1];
+static char *region_cur, *region_end;
+
+static int big_class(size_t bytes) {
+    int c = BIG_MIN_SHIFT;
+    while (((size_t)1 << c) < bytes) c++;
+    return c;
+}
+
+static void *map_huge(size_t bytes) {
+    void *p = mmap(NULL, bytes + HUGE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+    if (a > (char *)p) munmap(p, (size_t)(a - (char *)p)); /* (trim to the aligned range) */
+    munmap(a + bytes, (size_t)((char *)p + bytes + HUGE_BYTES - (a + bytes)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, bytes, MADV_HUGEPAGE);
+#endif
+    return a;
+}
+
+#define BIG_DOMAIN 0x5EE2 /* tracemalloc's domain for the blocks in use (they are not PyMem's) */
+
+static void *big_alloc(size_t bytes) {
+    if (bytes < ((size_t)1 << BIG_MIN_SHIFT)) return PyMem_Malloc(bytes);
+    int c = big_class(bytes);
+    size_t size = (size_t)1 << c;
+    void *p;
+    if (c > BIG_MAX_SHIFT) {
+        if ((p = map_huge(size)) != NULL) PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
+        return p;
+    }
+    if ((p = big_free_list[c]) != NULL) {
+        big_free_list[c] = *(void **)p;
+        PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
+        return p;
+    }
+    if (region_cur == NULL || (size_t)(region_end - region_cur) < size) { /* (a region's tail is left) */
+        char *r = map_huge(REGION_BYTES);
+        if (r == NULL) return NULL;
+        region_cur = r;
+        region_end = r + REGION_BYTES;
+    }
+    p = region_cur;
+    region_cur += size;
+    PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
+    return p;
+}
+
+static void big_free(void *p, size_t bytes) {
+    if (p == NULL) return;
+    if (bytes < ((size_t)1 << BIG_MIN_SHIFT)) {
+        PyMem_Free(p);
+        return;
+    }
+    int c = big_class(bytes);
+    PyTraceMalloc_Untrack(BIG_DOMAIN, (uintptr_t)p);
+    if (c > BIG_MAX_SHIFT) {
+        munmap(p, (size_t)1 << c);
+        return;
+    }
+    *(void **)p = big_free_list[c];
+    big_free_list[c] = p;
+}
+
+/* realloc of a big_alloc block of old_bytes (NULL: 0) to new_bytes; NULL (old kept) on failure */
+static void *big_realloc(void *old, size_t old_bytes, size_t new_bytes) {
+    size_t lim = (size_t)1 << BIG_MIN_SHIFT;
+    if (old_bytes < lim && new_bytes < lim) return PyMem_Realloc(old, new_bytes);
+    if (old != NULL && old_bytes >= lim && big_class(old_bytes) == big_class(new_bytes)) return old;
+    void *p = big_alloc(new_bytes);
+    if (p == NULL) return NULL;
+    if (old != NULL) {
+        memcpy(p, old, old_bytes < new_bytes ? old_bytes : new_bytes);
+        big_free(old, old_bytes);
+    }
+    return p;
+}
 
 /* ---- hash table of the children of big nodes ------------------------------------------------ */
 
@@ -153,7 +248,7 @@ static int hash_reserve(Tree *t, int64_t extra) {
     uint64_t ncap = cap ? cap : 64;
     while ((uint64_t)(t->tab_used + extra) * 2 > ncap) ncap *= 2;
     Entry *old = t->tab;
-    Entry *tab = PyMem_Malloc(ncap * sizeof(Entry));
+    Entry *tab = big_alloc(ncap * sizeof(Entry));
     if (tab == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -164,13 +259,20 @@ static int hash_reserve(Tree *t, int64_t extra) {
     t->tab_used = 0;
     for (uint64_t i = 0; i < cap; i++)
         if (old[i].child != NONE) hash_put(t, old[i].parent, old[i].tok, old[i].child);
-    PyMem_Free(old);
+    big_free(old, cap * sizeof(Entry));
     return 0;
 }
 
 /* ---- nodes and their children ----------------------------------------------------------------- */
 
 #define ND(i) (t->nodes[(i)])
+#define PREFETCH(p) __builtin_prefetch((p), 1, 3)
+
+/* A node's edge length. An open leaf (growing) ends where its sequence ends, so its length is
+ * computed, not stored: an append then never touches the open leaves of its sequence. */
+static inline int32_t elen(const Tree *t, const CNode *n) {
+    return n->growing ? t->seqs[n->ref_seq].len - n->ref_idx : n->length;
+}
 
 /* room for `extra` more nodes and their hash entries (checked before each token, so that a step
  * never fails midway; new nodes come from the free list first, then from [nodes_top, nodes_cap)) */
@@ -182,7 +284,7 @@ static int reserve_slow(Tree *t, int32_t extra) {
             PyErr_SetString(PyExc_OverflowError, "suffix tree: more than 2**31 nodes");
             return -1;
         }
-        CNode *nodes = PyMem_Realloc(t->nodes, (size_t)ncap * sizeof(CNode));
+        CNode *nodes = big_realloc(t->nodes, (size_t)t->nodes_cap * sizeof(CNode), (size_t)ncap * sizeof(CNode));
         if (nodes == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -302,6 +404,57 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
     int32_t *act = s->act + s->astart;
     const int32_t na = s->na;
     int64_t created = 0;
+    /* Each window's child lookup is a chain of cache misses (a big tree is far larger than the
+     * caches); the windows' chains are independent, so walk them all a hop at a time first, with
+     * prefetches, and the lookups below find their lines in cache. Only a warm-up: the loop below
+     * looks everything up again, since earlier windows may change the tree under later ones. */
+    int32_t *cur = t->scratch;
+    int walking = 0;
+    for (int32_t i = lo; i < na; i++) {
+        const CNode *nd = &ND(act[i]);
+        if (nd->nkids > SCAN_MAX) {
+            PREFETCH(&t->tab[hkey(act[i], tok) & t->mask]);
+            cur[i] = -2; /* hashed children: the slot first */
+            walking = 1;
+        } else {
+            cur[i] = nd->first;
+            if (cur[i] != NONE) {
+                PREFETCH(&ND(cur[i]));
+                walking = 1;
+            }
+        }
+    }
+    while (walking) {
+        walking = 0;
+        for (int32_t i = lo; i < na; i++) {
+            int32_t c = cur[i];
+            if (c == NONE) continue;
+            if (c < NONE) {
+                cur[i] = c = hash_find(t, act[i], tok);
+                if (c != NONE) {
+                    PREFETCH(&ND(c));
+                    walking = 1;
+                }
+                continue;
+            }
+            if (ND(c).tok != tok) {
+                cur[i] = ND(c).next;
+                if (cur[i] != NONE) {
+                    PREFETCH(&ND(cur[i]));
+                    walking = 1;
+                }
+                continue;
+            }
+            cur[i] = NONE;
+            if (c == NONE) continue;
+            /* found: what a split or a moved boundary reads and writes next */
+            const CNode *cn = &ND(c);
+            PREFETCH(cn);
+            PREFETCH(&t->seqs[cn->ref_seq].tok[cn->ref_idx + 1]);
+            if (cn->next != NONE) PREFETCH(&ND(cn->next));
+            if (cn->prev != NONE) PREFETCH(&ND(cn->prev));
+        }
+    }
     for (int32_t i = lo; i < na; i++) {
         int32_t node = act[i];
         int32_t child = child_find(t, node, tok);
@@ -315,8 +468,7 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
             continue;
         }
         CNode *c = &ND(child), *nd = &ND(node);
-        int32_t clen = c->length;
-        if (c->growing && c->ref_seq == sid) clen = end - c->ref_idx; /* an open leaf of this sequence */
+        int32_t clen = elen(t, c); /* (an open leaf of this sequence: end - c->ref_idx) */
         if (nd->count == c->count + 1 && node != root) {
             /* This window ends at `node`, and every other window through `node` continues with
              * `tok` (so `child` is its only child). */
@@ -351,6 +503,7 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
         } else if (clen == 1) {
             c->count++;
             c->growing = 0;
+            c->length = 1;
             act[i] = child;
         } else {
             /* Split `child` after its first token; the window ends at the split point. */
@@ -370,16 +523,6 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
     while (lo < na && ND(act[lo]).count == 1) lo++;
     s->lo = lo;
     t->num_nodes += created;
-}
-
-/* Open leaves' lengths, written when an extend call returns (see SuffixTree.extend). */
-static void finish_extend(Tree *t, int32_t sid) {
-    Seq *s = &t->seqs[sid];
-    int32_t *act = s->act + s->astart;
-    for (int32_t i = 0; i < s->lo; i++) {
-        CNode *leaf = &ND(act[i]);
-        leaf->length = s->len - leaf->ref_idx;
-    }
 }
 
 /* The int64 value of a token (an int, or anything with __index__); -1 and an error on failure. */
@@ -423,43 +566,133 @@ static int log_reserve(Tree *t, Py_ssize_t n) {
     return 0;
 }
 
+/* Prefetch what appending n tokens to s touches first, all of it cold since its last append: the
+ * nodes its walked windows end at, the open leaves that reach max_depth (one per token), the tail
+ * of its tokens. */
+static inline void warm_seq(Tree *t, const Seq *s, Py_ssize_t n) {
+    const int32_t *act = s->act + s->astart;
+    int32_t lo = s->lo ? s->lo - 1 : 0;
+    int64_t stops = (int64_t)s->na + n - t->max_depth; /* windows that reach max_depth */
+    for (int32_t i = lo; i < s->na; i++) PREFETCH(&ND(act[i]));
+    for (int32_t i = 0; i < stops && i < n && i < lo; i++) PREFETCH(&ND(act[i]));
+    if (s->tok) PREFETCH(s->tok + s->len);
+}
+
 /* Step 2 of an extend: vals[0:n] (already in the sequence's Python list) into the tree, then the
  * log; returns how many went in (fewer than n only with an error set). No Python code runs. */
-static Py_ssize_t extend_tree(Tree *t, int32_t sid, const int64_t *vals, Py_ssize_t n) {
+/* Before the first step of an extend of n tokens: room for them, the open prefix, the warm-up;
+ * -1 with an error set if there is no room. */
+static int extend_begin(Tree *t, int32_t sid, Py_ssize_t n) {
     Seq *s = &t->seqs[sid];
-    Py_ssize_t done = 0;
-    if (n <= 0) return 0;
     if ((int64_t)s->len + n > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "suffix tree: a sequence longer than 2**31 tokens");
-        return 0;
+        return -1;
     }
-    if (t->log_on && log_reserve(t, n) < 0) return 0;
+    if (t->log_on && log_reserve(t, n) < 0) return -1;
     if (s->len + n > s->cap) {
         int64_t ncap = s->cap ? s->cap : 16;
         while (ncap < s->len + n) ncap *= 2;
         if (ncap > INT32_MAX) ncap = INT32_MAX;
-        int64_t *tok = PyMem_Realloc(s->tok, (size_t)ncap * sizeof(int64_t));
-        if (tok == NULL) return PyErr_NoMemory(), 0;
+        int64_t *tok = big_realloc(s->tok, (size_t)s->cap * sizeof(int64_t), (size_t)ncap * sizeof(int64_t));
+        if (tok == NULL) return PyErr_NoMemory(), -1;
         s->tok = tok;
         s->cap = (int32_t)ncap;
     }
-    /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
     int32_t *act = s->act + s->astart;
+    warm_seq(t, s, n);
+    /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
     while (s->lo && ND(act[s->lo - 1]).count != 1) s->lo--;
     t->version++;
-    int32_t start = s->len;
-    for (; done < n; done++) {
-        if (reserve(t, t->max_depth + 1) < 0) break;
-        step(t, sid, vals[done]);
-    }
-    finish_extend(t, sid);
+    return 0;
+}
+
+/* After the steps of an extend that started at `start` and appended vals[0:done]: its log segment. */
+static void extend_end(Tree *t, int32_t sid, int32_t start, const int64_t *vals, Py_ssize_t done) {
     if (t->log_on && done > 0) {
         int64_t *seg = t->log_seg + 4 * t->log_n++;
         for (Py_ssize_t j = 0; j < done; j++) t->log_tok[t->log_ntok + j] = (uint32_t)vals[j];
         t->log_ntok += done;
         seg[0] = sid, seg[1] = start, seg[2] = done, seg[3] = t->log_ntok;
     }
+}
+
+/* Step 2 of an extend: vals[0:n] (already in the sequence's Python list) into the tree, then the
+ * log; returns how many went in (fewer than n only with an error set). No Python code runs. */
+static Py_ssize_t extend_tree(Tree *t, int32_t sid, const int64_t *vals, Py_ssize_t n) {
+    Py_ssize_t done = 0;
+    if (n <= 0) return 0;
+    if (extend_begin(t, sid, n) < 0) return 0;
+    int32_t start = t->seqs[sid].len;
+    for (; done < n; done++) {
+        if (reserve(t, t->max_depth + 1) < 0) break;
+        step(t, sid, vals[done]);
+    }
+    extend_end(t, sid, start, vals, done);
     return done;
+}
+
+/* One extend of a batch (extend_batch). */
+typedef struct {
+    Tree *t;
+    int32_t sid, start;
+    const int64_t *vals;
+    Py_ssize_t n, done;
+} Job;
+
+/* The first lookups of the next step of sequence sid (token tok), prefetched: the batch runs other
+ * jobs' steps while they arrive. */
+static inline void prep_step(Tree *t, int32_t sid, int64_t tok) {
+    const Seq *s = &t->seqs[sid];
+    const int32_t *act = s->act + s->astart;
+    PREFETCH(&t->tab[hkey(0, tok) & t->mask]); /* the new window, at the root */
+    for (int32_t i = s->lo; i < s->na; i++) {
+        const CNode *nd = &ND(act[i]);
+        if (nd->nkids > SCAN_MAX) PREFETCH(&t->tab[hkey(act[i], tok) & t->mask]);
+        else if (nd->first != NONE) PREFETCH(&ND(nd->first));
+    }
+}
+
+/* Runs jobs whose trees are all distinct, a token of each of up to BATCH_WINDOW of them in turn,
+ * so that one job's cache misses overlap the others' work (a job starts when one ends, its first
+ * lines prefetched): the same trees and logs as extend_tree on each job. 0, or -1 with an error set
+ * (jobs[a].done says how far each got). */
+#ifndef BATCH_WINDOW
+#define BATCH_WINDOW 8
+#endif
+static int extend_batch(Job *jobs, Py_ssize_t k) {
+    for (Py_ssize_t a = 0; a < k; a++) {
+        jobs[a].done = 0;
+        jobs[a].start = jobs[a].t->seqs[jobs[a].sid].len;
+        if (jobs[a].n < 0) jobs[a].n = 0;
+    }
+    Job *win[BATCH_WINDOW];
+    Py_ssize_t nwin = 0, next = 0;
+    for (;;) {
+        while (nwin < BATCH_WINDOW && next < k) { /* start the next jobs */
+            Job *j = &jobs[next++];
+            if (j->n == 0) continue;
+            if (extend_begin(j->t, j->sid, j->n) < 0) {
+                for (Py_ssize_t b = next - 1; b < k; b++) jobs[b].n = 0;
+                return -1;
+            }
+            win[nwin++] = j; /* (its first lookups: by its first step, its lines warming meanwhile) */
+        }
+        if (nwin == 0) return 0;
+        for (Py_ssize_t w = 0; w < nwin;) {
+            Job *j = win[w];
+            Tree *t = j->t;
+            if (reserve(t, t->max_depth + 1) < 0) return -1;
+            step(t, j->sid, j->vals[j->done]);
+            if (++j->done < j->n) {
+                prep_step(t, j->sid, j->vals[j->done]);
+                w++;
+            } else {
+                extend_end(t, j->sid, j->start, j->vals, j->done);
+                j->n = j->done; /* (ended: its log segment is written) */
+                win[w] = win[--nwin];
+            }
+        }
+    }
 }
 
 static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
@@ -622,14 +855,14 @@ static int locate(Tree *t, const int64_t *pat, Py_ssize_t m, int32_t *node_out, 
     int32_t node = 0, off = 0;
     Py_ssize_t i = 0;
     while (i < m) {
-        if (off == ND(node).length) {
+        if (off == elen(t, &ND(node))) {
             int32_t c = child_find(t, node, pat[i]);
             if (c == NONE) return 0;
             node = c;
             off = 0;
         }
         const CNode *nd = &ND(node);
-        Py_ssize_t take = nd->length - off;
+        Py_ssize_t take = elen(t, nd) - off;
         if (take > m - i) take = m - i;
         const int64_t *edge = t->seqs[nd->ref_seq].tok + nd->ref_idx + off;
         for (Py_ssize_t j = 0; j < take; j++)
@@ -757,7 +990,7 @@ static int draft_linear(Tree *t, int32_t node, int32_t off, Py_ssize_t budget, d
     while (n < budget) {
         const CNode *nd = &ND(node);
         int64_t tok;
-        if (off < nd->length) {
+        if (off < elen(t, nd)) {
             tok = t->seqs[nd->ref_seq].tok[nd->ref_idx + off];
             off++;
         } else {
@@ -894,7 +1127,7 @@ static int draft_multi(Tree *t, int32_t node0, int32_t off0, Py_ssize_t budget, 
         Py_ssize_t need = 0;
         for (Py_ssize_t b = 0; b < beams_n; b++) {
             const CNode *nd = &ND(beams[b].node);
-            need += beams[b].off < nd->length ? 1 : nd->nkids;
+            need += beams[b].off < elen(t, nd) ? 1 : nd->nkids;
         }
         if (need > grown_cap) {
             Py_ssize_t nc = need;
@@ -925,7 +1158,7 @@ static int draft_multi(Tree *t, int32_t node0, int32_t off0, Py_ssize_t budget, 
             const CNode *nd = &ND(bm->node);
             const int64_t *src_t = bh.toks + bm->idx * stride;
             const double *src_p = bh.probs + bm->idx * stride;
-            if (bm->off < nd->length) {
+            if (bm->off < elen(t, nd)) {
                 Beam *g = &grown[grown_n];
                 g->prob = bm->prob;
                 g->node = bm->node;
@@ -1074,7 +1307,7 @@ static PyObject *Tree_draft(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
         while (lo <= hi) {
             Py_ssize_t mid = (lo + hi) / 2;
             int32_t node, off;
-            if (locate(t, ctx + have - mid, mid, &node, &off) && (off < ND(node).length || ND(node).first != NONE)) {
+            if (locate(t, ctx + have - mid, mid, &node, &off) && (off < elen(t, &ND(node)) || ND(node).first != NONE)) {
                 bnode = node;
                 boff = off;
                 match_len = mid;
@@ -1126,7 +1359,7 @@ static PyObject *Tree_dump(Tree *t, PyObject *Py_UNUSED(ignored)) {
     while (head < tail) {
         int32_t id = queue[head];
         const CNode *nd = &ND(id);
-        PyObject *row = Py_BuildValue("(iLiiii)", pos_parent[head], (long long)nd->count, nd->length, nd->ref_seq,
+        PyObject *row = Py_BuildValue("(iLiiii)", pos_parent[head], (long long)nd->count, elen(t, nd), nd->ref_seq,
                                       nd->ref_idx, nd->growing);
         if (row == NULL || PyList_Append(out, row) < 0) {
             Py_XDECREF(row);
@@ -1289,6 +1522,590 @@ done:
     return out;
 }
 
+/* ---- the draft server's packed Sync message, whole ------------------------------------------- */
+
+/* sync_packed(raw, states, groups, ended, now, limits) -> bytes | None: GroupStore.sync for one
+ * serialized SyncRequest, answered as a serialized SyncResponse, with no Python step per group,
+ * append or token. `states` maps the live groups' ids to their GroupState (GroupStore._groups, the
+ * truth), `groups` the same ids to (state, tree core, request_index, pending, request_ids)
+ * (GroupStore._fast), `ended` holds the ids of ended groups. The fetches come first,
+ * then the appends in order, exactly as GroupStore.sync: an append that does not simply continue
+ * its sequence goes to `state.apply` (Python), and then the message's appends run in order one by
+ * one; otherwise they run as one interleaved batch (extend_batch: same trees, same logs). None,
+ * with nothing changed, for anything GroupStore.sync would refuse or that this parser does not
+ * take (malformed, over a limit, odd encodings): the caller then runs GroupStore.sync, which says
+ * why. */
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t n;
+} Str;
+
+typedef struct {
+    uint64_t *v;
+    Py_ssize_t n;
+} U64s;
+
+typedef struct {
+    Str *gids, *rids;
+    Py_ssize_t ng, nr;
+    U64s f[10]; /* repeated scalar fields 3, 4, 5, 7, 8, 9 by number */
+    const unsigned char *tok;
+    Py_ssize_t ntokb;
+    int64_t max_tokens;
+} Req;
+
+static int rd_varint(const unsigned char **pp, const unsigned char *e, uint64_t *v) {
+    uint64_t x = 0;
+    const unsigned char *p = *pp;
+    for (int sh = 0; p < e && sh < 64; sh += 7) {
+        unsigned char b = *p++;
+        x |= (uint64_t)(b & 0x7f) << sh;
+        if (!(b & 0x80)) {
+            *pp = p;
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static inline int scalar_field(uint64_t f) { return f == 3 || f == 4 || f == 5 || f == 7 || f == 8 || f == 9; }
+
+/* One pass over a SyncRequest: counts (fill 0) or fills the arrays sized by the counting pass. */
+static int parse_req(const unsigned char *p, const unsigned char *e, Req *r, int fill) {
+    r->ng = r->nr = 0;
+    for (int i = 0; i < 10; i++) r->f[i].n = 0;
+    r->tok = (const unsigned char *)"";
+    r->ntokb = 0;
+    r->max_tokens = 0;
+    while (p < e) {
+        uint64_t key, v;
+        if (rd_varint(&p, e, &key) < 0) return -1;
+        uint64_t field = key >> 3, wt = key & 7;
+        if (field == 0) return -1;
+        if (wt == 2) {
+            uint64_t len;
+            if (rd_varint(&p, e, &len) < 0 || len > (uint64_t)(e - p)) return -1;
+            const unsigned char *q = p, *qe = p + len;
+            p = qe;
+            if (field == 1 || field == 2) {
+                Str *dst = field == 1 ? r->gids : r->rids;
+                Py_ssize_t *cnt = field == 1 ? &r->ng : &r->nr;
+                if (fill) dst[*cnt] = (Str){q, (Py_ssize_t)len};
+                (*cnt)++;
+            } else if (field == 6) {
+                r->tok = q;
+                r->ntokb = (Py_ssize_t)len;
+            } else if (scalar_field(field)) {
+                U64s *a = &r->f[field];
+                while (q < qe) {
+                    if (rd_varint(&q, qe, &v) < 0) return -1;
+                    if (fill) a->v[a->n] = v;
+                    a->n++;
+                }
+            } else if (field == 10) {
+                return -1;
+            }
+        } else if (wt == 0) {
+            if (rd_varint(&p, e, &v) < 0) return -1;
+            if (scalar_field(field)) {
+                U64s *a = &r->f[field];
+                if (fill) a->v[a->n] = v;
+                a->n++;
+            } else if (field == 10) {
+                r->max_tokens = (int64_t)v;
+            } else if (field <= 10) {
+                return -1; /* a known field with another wire type */
+            }
+        } else if (wt == 1 || wt == 5) {
+            Py_ssize_t w = wt == 1 ? 8 : 4;
+            if (field <= 10 || e - p < w) return -1;
+            p += w;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline Py_ssize_t vlen(uint64_t v) {
+    Py_ssize_t n = 1;
+    while (v >= 0x80) v >>= 7, n++;
+    return n;
+}
+
+static inline unsigned char *vput(unsigned char *p, uint64_t v) {
+    while (v >= 0x80) *p++ = (unsigned char)(v | 0x80), v >>= 7;
+    *p++ = (unsigned char)v;
+    return p;
+}
+
+/* a packed repeated field: its size with tag and length (0 if empty) */
+static Py_ssize_t packed_size(const int64_t *v, Py_ssize_t n) {
+    if (n == 0) return 0;
+    Py_ssize_t body = 0;
+    for (Py_ssize_t i = 0; i < n; i++) body += vlen((uint64_t)v[i]);
+    return 1 + vlen((uint64_t)body) + body;
+}
+
+static unsigned char *packed_put(unsigned char *p, int field, const int64_t *v, Py_ssize_t n) {
+    if (n == 0) return p;
+    Py_ssize_t body = 0;
+    for (Py_ssize_t i = 0; i < n; i++) body += vlen((uint64_t)v[i]);
+    *p++ = (unsigned char)(field << 3 | 2);
+    p = vput(p, (uint64_t)body);
+    for (Py_ssize_t i = 0; i < n; i++) p = vput(p, (uint64_t)v[i]);
+    return p;
+}
+
+static unsigned char *bytes_put(unsigned char *p, int field, const void *src, Py_ssize_t n) {
+    if (n == 0) return p;
+    *p++ = (unsigned char)(field << 3 | 2);
+    p = vput(p, (uint64_t)n);
+    memcpy(p, src, (size_t)n);
+    return p + n;
+}
+
+static PyObject *s_apply, *s_expires_at, *s_ttl, *s_max_tokens_per_group, *s_max_updates, *s_max_tokens_per_update,
+    *s_max_id_len, *s_max_fetch_tokens;
+
+static int limit_of(PyObject *limits, PyObject *name, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(limits, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Appends tokens [0, n) at p (little-endian uint32) to the sequence's Python list and to vals. */
+static int list_append_u32(Seq *s, const unsigned char *p, Py_ssize_t n, int64_t *vals) {
+    for (Py_ssize_t j = 0; j < n; j++, p += 4) {
+        vals[j] = (int64_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        PyObject *v = PyLong_FromLongLong(vals[j]);
+        if (v == NULL || PyList_Append(s->list, v) < 0) {
+            Py_XDECREF(v);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    return 0;
+}
+
+/* what did not go into the tree leaves the sequence's Python list too (keeps the error) */
+static void list_trim(Seq *s, Py_ssize_t keep) {
+    if (PyList_GET_SIZE(s->list) <= keep) return;
+    PyObject *e1, *e2, *e3;
+    PyErr_Fetch(&e1, &e2, &e3);
+    PyList_SetSlice(s->list, keep, PyList_GET_SIZE(s->list), NULL);
+    PyErr_Restore(e1, e2, e3);
+}
+
+/* A group's lease renewed by an append: state.expires_at = now + state.ttl. */
+static int renew(PyObject *state, double now) {
+    PyObject *ttl = PyObject_GetAttr(state, s_ttl);
+    if (ttl == NULL) return -1;
+    double tv = PyFloat_AsDouble(ttl);
+    Py_DECREF(ttl);
+    if (tv == -1.0 && PyErr_Occurred()) return -1;
+    PyObject *exp = PyFloat_FromDouble(now + tv);
+    if (exp == NULL) return -1;
+    int rc = PyObject_SetAttr(state, s_expires_at, exp);
+    Py_DECREF(exp);
+    return rc;
+}
+
+static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "sync_packed(raw, states, groups, ended, now, limits)");
+        return NULL;
+    }
+    PyObject *states = args[1], *groups = args[2], *ended = args[3], *limits = args[5];
+    double now = PyFloat_AsDouble(args[4]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (!PyDict_Check(states) || !PyDict_Check(groups)) {
+        PyErr_SetString(PyExc_TypeError, "sync_packed: states and groups must be dicts");
+        return NULL;
+    }
+    int64_t max_group, max_updates, max_per_update, max_id_len, max_fetch;
+    if (limit_of(limits, s_max_tokens_per_group, &max_group) < 0 || limit_of(limits, s_max_updates, &max_updates) < 0 ||
+        limit_of(limits, s_max_tokens_per_update, &max_per_update) < 0 || limit_of(limits, s_max_id_len, &max_id_len) < 0 ||
+        limit_of(limits, s_max_fetch_tokens, &max_fetch) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf, *bend = buf + view.len;
+
+    PyObject *out = NULL, **gkeys = NULL, **rkeys = NULL, **names = NULL;
+    Req r;
+    memset(&r, 0, sizeof r);
+    PyObject **entry = NULL; /* per group: its (state, core, index, pending, names) tuple, or NULL */
+    Tree **gtree = NULL, **ftree = NULL;
+    int64_t *fcur = NULL, *fend = NULL, *fnext = NULL, *fnseg = NULL, *fnnew = NULL, *more = NULL, *committed = NULL;
+    int64_t *unknown = NULL, *endedv = NULL, *vals = NULL;
+    int32_t *asid = NULL;
+    unsigned char *status = NULL, *segbuf = NULL, *tokbuf = NULL;
+    Job *jobs = NULL;
+    Py_ssize_t nnames = 0, nmore = 0, nunknown = 0, nended = 0, n = 0, nf = 0, ng = 0;
+    int fallback = 1;
+
+    /* 1. parse (two passes: count, then fill) */
+    if (parse_req(buf, bend, &r, 0) < 0) goto done;
+    r.gids = PyMem_Malloc((size_t)(r.ng + 1) * sizeof(Str));
+    r.rids = PyMem_Malloc((size_t)(r.nr + 1) * sizeof(Str));
+    int nomem = r.gids == NULL || r.rids == NULL;
+    for (int i = 3; i <= 9; i++)
+        if (scalar_field(i) && (r.f[i].v = PyMem_Malloc((size_t)(r.f[i].n + 1) * sizeof(uint64_t))) == NULL) nomem = 1;
+    if (nomem) {
+        PyErr_NoMemory();
+        fallback = 0;
+        goto done;
+    }
+    if (parse_req(buf, bend, &r, 1) < 0) goto done;
+    n = r.nr, ng = r.ng, nf = r.f[7].n;
+    U64s *ag = &r.f[3], *ap = &r.f[4], *al = &r.f[5], *fg = &r.f[7], *fc = &r.f[8], *fk = &r.f[9];
+
+    /* 2. the checks of GroupStore.sync (any failure: None, and it says which) */
+    if (ag->n != n || ap->n != n || al->n != n || fc->n != nf || fk->n != nf || n > max_updates) goto done;
+    uint64_t ntok = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (ag->v[k] >= (uint64_t)ng || (int64_t)ap->v[k] < 0 || al->v[k] > (uint64_t)max_per_update) goto done;
+        ntok += al->v[k];
+    }
+    if (4 * ntok != (uint64_t)r.ntokb) goto done;
+    for (Py_ssize_t i = 0; i < nf; i++)
+        if (fg->v[i] >= (uint64_t)ng || fk->v[i] > UINT32_MAX) goto done;
+    for (Py_ssize_t i = 0; i < ng; i++)
+        if (r.gids[i].n == 0 || r.gids[i].n > max_id_len) goto done;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (r.rids[k].n == 0 || r.rids[k].n > max_id_len) goto done;
+    int64_t budget = r.max_tokens > 0 && r.max_tokens < max_fetch ? r.max_tokens : max_fetch;
+
+    /* 3. the groups and request ids as str, the groups looked up */
+    fallback = 0; /* (from here on an error is an error) */
+    gkeys = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
+    rkeys = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    entry = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
+    gtree = PyMem_Calloc((size_t)ng + 1, sizeof(Tree *));
+    if (gkeys == NULL || rkeys == NULL || entry == NULL || gtree == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        if ((gkeys[i] = PyUnicode_DecodeUTF8((const char *)r.gids[i].p, r.gids[i].n, NULL)) == NULL) goto bad_utf8;
+        PyObject *state = PyDict_GetItemWithError(states, gkeys[i]), *e = NULL;
+        if (state == NULL && PyErr_Occurred()) goto done;
+        if (state != NULL) {
+            e = PyDict_GetItemWithError(groups, gkeys[i]);
+            if (e == NULL && PyErr_Occurred()) goto done;
+            if (e == NULL || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5 || PyTuple_GET_ITEM(e, 0) != state) {
+                fallback = 1; /* the two maps disagree (someone edited the store): GroupStore.sync */
+                goto done;
+            }
+            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(e, 1), &TreeType)) {
+                PyErr_SetString(PyExc_TypeError, "sync_packed: groups must map ids to (state, core, index, pending, names)");
+                goto done;
+            }
+            entry[i] = e;
+            gtree[i] = (Tree *)PyTuple_GET_ITEM(e, 1);
+            PREFETCH(gtree[i]);
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++)
+        if ((rkeys[k] = PyUnicode_DecodeUTF8((const char *)r.rids[k].p, r.rids[k].n, NULL)) == NULL) goto bad_utf8;
+
+    /* 4. the fetches, from before the message's appends */
+    ftree = PyMem_Calloc((size_t)nf + 1, sizeof(Tree *));
+    fcur = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    fend = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    fnext = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    fnseg = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    fnnew = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    more = PyMem_Calloc((size_t)nf + 1, sizeof(int64_t));
+    if (!ftree || !fcur || !fend || !fnext || !fnseg || !fnnew || !more) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Tree *t = ftree[i] = gtree[fg->v[i]];
+        int64_t c = fcur[i] = (int64_t)fc->v[i];
+        if (t == NULL) continue;
+        if (c < 0 || c > t->log_n || (int64_t)fk->v[i] > t->nseqs) {
+            fallback = 1;
+            goto done;
+        }
+        if (c) PREFETCH(&t->log_seg[4 * (c - 1) + 3]);
+        if (t->log_n) PREFETCH(&t->log_seg[4 * (t->log_n - 1) + 3]);
+    }
+    int64_t total_seg = 0, total_tok = 0, left = budget, total_names = 0;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Tree *t = ftree[i];
+        fend[i] = fcur[i];
+        if (t == NULL) continue;
+        fnnew[i] = t->nseqs - (int64_t)fk->v[i];
+        total_names += fnnew[i];
+        if (fcur[i] == t->log_n) continue;
+        int64_t t0 = fcur[i] ? t->log_seg[4 * (fcur[i] - 1) + 3] : 0, e = t->log_n;
+        if (t->log_ntok - t0 > left) { /* as log_fetch: the first segment past the budget, but one */
+            int64_t lo = fcur[i] + 1, hi = t->log_n;
+            while (lo < hi) {
+                int64_t mid = (lo + hi) / 2;
+                if (t->log_seg[4 * mid + 3] - t0 <= left) lo = mid + 1; else hi = mid;
+            }
+            e = lo;
+            more[nmore++] = i;
+        }
+        fend[i] = e;
+        int64_t got = t->log_seg[4 * (e - 1) + 3] - t0;
+        total_seg += e - fcur[i];
+        total_tok += got;
+        left = left - got > 1 ? left - got : 1;
+    }
+    segbuf = PyMem_Malloc((size_t)(12 * total_seg + 1));
+    tokbuf = PyMem_Malloc((size_t)(4 * total_tok + 1));
+    names = PyMem_Calloc((size_t)total_names + 1, sizeof(PyObject *));
+    if (segbuf == NULL || tokbuf == NULL || names == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *sp = segbuf, *tp = tokbuf;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Tree *t = ftree[i];
+        fnext[i] = fend[i];
+        fnseg[i] = fend[i] - fcur[i];
+        if (t == NULL) continue;
+        if (fnnew[i]) {
+            PyObject *lst = PyTuple_GET_ITEM(entry[fg->v[i]], 4);
+            if (!PyList_Check(lst) || PyList_GET_SIZE(lst) != t->nseqs) {
+                PyErr_SetString(PyExc_RuntimeError, "sync_packed: request ids and sequences differ");
+                goto done;
+            }
+            for (Py_ssize_t j = t->nseqs - fnnew[i]; j < t->nseqs; j++) names[nnames++] = Py_NewRef(PyList_GET_ITEM(lst, j));
+        }
+        if (fend[i] == fcur[i]) continue;
+        for (int64_t g = fcur[i]; g < fend[i]; g++, sp += 12) {
+            const int64_t *seg = t->log_seg + 4 * g;
+            put_u32(sp, (uint32_t)seg[0]), put_u32(sp + 4, (uint32_t)seg[1]), put_u32(sp + 8, (uint32_t)seg[2]);
+        }
+        int64_t t0 = fcur[i] ? t->log_seg[4 * (fcur[i] - 1) + 3] : 0, t1 = t->log_seg[4 * (fend[i] - 1) + 3];
+#if PY_LITTLE_ENDIAN
+        memcpy(tp, t->log_tok + t0, (size_t)(t1 - t0) * 4);
+        tp += (t1 - t0) * 4;
+#else
+        for (int64_t j = t0; j < t1; j++, tp += 4) put_u32(tp, t->log_tok[j]);
+#endif
+    }
+
+    /* 5. the appends */
+    status = PyMem_Calloc((size_t)n + 1, 1);
+    committed = PyMem_Calloc((size_t)n + 1, sizeof(int64_t));
+    asid = PyMem_Malloc((size_t)(n + 1) * sizeof(int32_t));
+    vals = PyMem_Malloc((size_t)(ntok + 1) * sizeof(int64_t));
+    jobs = PyMem_Malloc((size_t)(n + 1) * sizeof(Job));
+    if (!status || !committed || !asid || !vals || !jobs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* All simple (each continues its sequence, within its group's limit, with no batches pending,
+     * each in a tree of its own)? Then one interleaved batch; otherwise one by one, in order. */
+    static uint64_t epoch = 0;
+    epoch++;
+    int simple = 1;
+    for (Py_ssize_t k = 0; k < n; k++) { /* (each tree's first lines, all at once) */
+        Tree *t = gtree[ag->v[k]];
+        if (t != NULL) PREFETCH(t->nodes), PREFETCH(t->seqs), PREFETCH((char *)t->seqs + 64);
+    }
+    for (Py_ssize_t k = 0; k < n && simple; k++) {
+        PyObject *e = entry[ag->v[k]];
+        asid[k] = -1;
+        if (e == NULL) continue;
+        PyObject *pending = PyTuple_GET_ITEM(e, 3), *idx = PyDict_GetItemWithError(PyTuple_GET_ITEM(e, 2), rkeys[k]);
+        if (idx == NULL && PyErr_Occurred()) goto done;
+        Tree *t = gtree[ag->v[k]];
+        Py_ssize_t sid = idx ? PyLong_AsSsize_t(idx) : -1;
+        if (sid == -1 && PyErr_Occurred()) goto done;
+        if (sid < 0 || sid >= t->nseqs || !PyDict_Check(pending) || PyDict_GET_SIZE(pending) || al->v[k] == 0 ||
+            (int64_t)ap->v[k] != t->seqs[sid].len || t->mark == epoch || ND(0).count + (int64_t)al->v[k] > max_group)
+            simple = 0;
+        t->mark = epoch;
+        asid[k] = (int32_t)sid;
+    }
+    const unsigned char *tokp = r.tok;
+    if (simple) {
+        Py_ssize_t nj = 0, off = 0;
+        for (Py_ssize_t k = 0; k < n; k++) /* every known group's lease is renewed by its appends */
+            if (entry[ag->v[k]] != NULL && renew(PyTuple_GET_ITEM(entry[ag->v[k]], 0), now) < 0) goto done;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t m = (Py_ssize_t)al->v[k];
+            if (asid[k] < 0) {
+                status[k] = 5; /* UNKNOWN_GROUP */
+            } else {
+                Tree *t = gtree[ag->v[k]];
+                Seq *s = &t->seqs[asid[k]];
+                if (list_append_u32(s, tokp + 4 * off, m, vals + off) < 0) {
+                    list_trim(s, s->len);
+                    for (Py_ssize_t a = 0; a < nj; a++) list_trim(&jobs[a].t->seqs[jobs[a].sid], jobs[a].t->seqs[jobs[a].sid].len);
+                    goto done;
+                }
+                jobs[nj++] = (Job){t, asid[k], 0, vals + off, m, 0};
+                status[k] = 1; /* APPLIED */
+                committed[k] = s->len + m;
+            }
+            off += m;
+        }
+        if (extend_batch(jobs, nj) < 0) {
+            for (Py_ssize_t a = 0; a < nj; a++) {
+                Job *j = &jobs[a];
+                if (j->done < j->n) extend_end(j->t, j->sid, j->start, j->vals, j->done); /* (interrupted) */
+                list_trim(&j->t->seqs[j->sid], j->start + j->done);
+            }
+            goto done;
+        }
+    } else { /* GroupStore.sync's loop, step for step */
+        Py_ssize_t off = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t m = (Py_ssize_t)al->v[k];
+            PyObject *e = entry[ag->v[k]];
+            if (e == NULL) {
+                status[k] = 5;
+                off += m;
+                continue;
+            }
+            if (renew(PyTuple_GET_ITEM(e, 0), now) < 0) goto done;
+            Tree *t = gtree[ag->v[k]];
+            PyObject *idx = PyDict_GetItemWithError(PyTuple_GET_ITEM(e, 2), rkeys[k]), *pending = PyTuple_GET_ITEM(e, 3);
+            if (idx == NULL && PyErr_Occurred()) goto done;
+            Py_ssize_t sid = idx ? PyLong_AsSsize_t(idx) : -1;
+            if (sid == -1 && PyErr_Occurred()) goto done;
+            if (sid >= 0 && sid < t->nseqs && PyDict_Check(pending) && PyDict_GET_SIZE(pending) == 0 && m > 0 &&
+                (int64_t)ap->v[k] == t->seqs[sid].len && ND(0).count + m <= max_group) {
+                Seq *s = &t->seqs[sid];
+                Py_ssize_t len0 = s->len;
+                if (list_append_u32(s, tokp + 4 * off, m, vals) < 0) {
+                    list_trim(s, len0);
+                    goto done;
+                }
+                Py_ssize_t got = extend_tree(t, (int32_t)sid, vals, m);
+                if (got < m) {
+                    list_trim(s, len0 + got);
+                    goto done;
+                }
+                status[k] = 1;
+                committed[k] = s->len;
+                off += m;
+                continue;
+            }
+            PyObject *lst = PyList_New(m);
+            if (lst == NULL) goto done;
+            const unsigned char *p = tokp + 4 * off;
+            for (Py_ssize_t j = 0; j < m; j++, p += 4) {
+                PyObject *v = PyLong_FromUnsignedLong((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                                      (uint32_t)p[3] << 24);
+                if (v == NULL) {
+                    Py_DECREF(lst);
+                    goto done;
+                }
+                PyList_SET_ITEM(lst, j, v);
+            }
+            PyObject *prev = PyLong_FromLongLong((int64_t)ap->v[k]);
+            PyObject *res = prev ? PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(e, 0), s_apply, rkeys[k], prev, lst, limits, NULL)
+                                 : NULL;
+            Py_XDECREF(prev);
+            Py_DECREF(lst);
+            if (res == NULL) goto done;
+            long st = -1;
+            long long cm = -1;
+            if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+                st = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+                cm = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+            }
+            Py_DECREF(res);
+            if (PyErr_Occurred()) goto done;
+            if (st < 0 || st > 255) {
+                PyErr_SetString(PyExc_TypeError, "sync_packed: apply() must return (status, committed)");
+                goto done;
+            }
+            status[k] = (unsigned char)st;
+            committed[k] = cm;
+            off += m;
+        }
+    }
+
+    /* 6. unknown and ended groups */
+    unknown = PyMem_Malloc((size_t)(ng + 1) * sizeof(int64_t));
+    endedv = PyMem_Malloc((size_t)(ng + 1) * sizeof(int64_t));
+    if (unknown == NULL || endedv == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        if (entry[i] != NULL) continue;
+        unknown[nunknown++] = i;
+        int c = PySequence_Contains(ended, gkeys[i]);
+        if (c < 0) goto done;
+        if (c) endedv[nended++] = i;
+    }
+
+    /* 7. the SyncResponse */
+    Py_ssize_t size = 0, name_bytes = 0;
+    if (n) size += 1 + vlen((uint64_t)n) + n;
+    size += packed_size(committed, n) + packed_size(fnext, nf) + packed_size(fnseg, nf) + packed_size(fnnew, nf);
+    for (Py_ssize_t j = 0; j < nnames; j++) {
+        Py_ssize_t len;
+        if (PyUnicode_AsUTF8AndSize(names[j], &len) == NULL) goto done;
+        size += 1 + vlen((uint64_t)len) + len;
+        name_bytes += len;
+    }
+    if (total_seg) size += 1 + vlen((uint64_t)(12 * total_seg)) + 12 * total_seg;
+    if (total_tok) size += 1 + vlen((uint64_t)(4 * total_tok)) + 4 * total_tok;
+    size += packed_size(more, nmore) + packed_size(unknown, nunknown) + packed_size(endedv, nended);
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    w = bytes_put(w, 1, status, n);
+    w = packed_put(w, 2, committed, n);
+    w = packed_put(w, 3, fnext, nf);
+    w = packed_put(w, 4, fnseg, nf);
+    w = packed_put(w, 5, fnnew, nf);
+    for (Py_ssize_t j = 0; j < nnames; j++) {
+        Py_ssize_t len;
+        const char *u = PyUnicode_AsUTF8AndSize(names[j], &len);
+        *w++ = 6 << 3 | 2;
+        w = vput(w, (uint64_t)len);
+        memcpy(w, u, (size_t)len);
+        w += len;
+    }
+    w = bytes_put(w, 7, segbuf, 12 * total_seg);
+    w = bytes_put(w, 8, tokbuf, 4 * total_tok);
+    w = packed_put(w, 9, more, nmore);
+    w = packed_put(w, 10, unknown, nunknown);
+    w = packed_put(w, 11, endedv, nended);
+    if (w != (unsigned char *)PyBytes_AS_STRING(out) + size) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_RuntimeError, "sync_packed: response size mismatch");
+    }
+    goto done;
+
+bad_utf8:
+    PyErr_Clear();
+    fallback = 1;
+done:
+    PyBuffer_Release(&view);
+    if (gkeys)
+        for (Py_ssize_t i = 0; i < ng; i++) Py_XDECREF(gkeys[i]);
+    if (rkeys)
+        for (Py_ssize_t k = 0; k < n; k++) Py_XDECREF(rkeys[k]);
+    for (Py_ssize_t j = 0; j < nnames; j++) Py_DECREF(names[j]);
+    PyMem_Free(gkeys), PyMem_Free(rkeys), PyMem_Free(names), PyMem_Free(entry), PyMem_Free(gtree), PyMem_Free(ftree);
+    PyMem_Free(r.gids), PyMem_Free(r.rids);
+    for (int i = 3; i <= 9; i++) PyMem_Free(r.f[i].v);
+    PyMem_Free(fcur), PyMem_Free(fend), PyMem_Free(fnext), PyMem_Free(fnseg), PyMem_Free(fnnew), PyMem_Free(more);
+    PyMem_Free(committed), PyMem_Free(unknown), PyMem_Free(endedv), PyMem_Free(vals), PyMem_Free(asid);
+    PyMem_Free(status), PyMem_Free(segbuf), PyMem_Free(tokbuf), PyMem_Free(jobs);
+    if (out == NULL && fallback && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
 /* ---- the type --------------------------------------------------------------------------------- */
 
 static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
@@ -1306,6 +2123,10 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
     t->max_depth = max_depth;
     t->log_on = log_on;
     t->free_head = NONE;
+    if ((t->scratch = PyMem_Malloc((size_t)(max_depth + 1) * sizeof(int32_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if ((t->pyseqs = PyList_New(0)) == NULL) return -1;
     if (reserve(t, 1) < 0) return -1;
     new_node(t, -1, 0, 0, -1, -1, NONE); /* the root: id 0 */
@@ -1316,13 +2137,14 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
 
 static void Tree_dealloc(Tree *t) {
     for (int32_t i = 0; i < t->nseqs; i++) {
-        PyMem_Free(t->seqs[i].tok);
+        big_free(t->seqs[i].tok, (size_t)t->seqs[i].cap * sizeof(int64_t));
         PyMem_Free(t->seqs[i].act);
         Py_XDECREF(t->seqs[i].list);
     }
     PyMem_Free(t->seqs);
-    PyMem_Free(t->nodes);
-    PyMem_Free(t->tab);
+    PyMem_Free(t->scratch);
+    big_free(t->nodes, (size_t)t->nodes_cap * sizeof(CNode));
+    if (t->tab) big_free(t->tab, (size_t)(t->mask + 1) * sizeof(Entry));
     PyMem_Free(t->log_seg);
     PyMem_Free(t->log_tok);
     Py_XDECREF(t->pyseqs);
@@ -1377,6 +2199,8 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(DraftPath): the class drafts are returned as"},
     {"log_fetch", (PyCFunction)(void (*)(void))log_fetch, METH_FASTCALL,
      "log_fetch(trees, cursors, known, max_tokens) -> (next, segments, new_requests, more, segs, toks)"},
+    {"sync_packed", (PyCFunction)(void (*)(void))sync_packed, METH_FASTCALL,
+     "sync_packed(raw, states, groups, ended, now, limits) -> serialized SyncResponse, or None (GroupStore.sync)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1388,7 +2212,14 @@ PyMODINIT_FUNC PyInit__suffix_core(void) {
         !(s_max_spec = PyUnicode_InternFromString("max_spec_tokens")) ||
         !(s_lmin = PyUnicode_InternFromString("pattern_lookup_min")) ||
         !(s_lmax = PyUnicode_InternFromString("pattern_lookup_max")) ||
-        !(s_topk = PyUnicode_InternFromString("top_k")) || !(s_floor = PyUnicode_InternFromString("min_token_prob")))
+        !(s_topk = PyUnicode_InternFromString("top_k")) || !(s_floor = PyUnicode_InternFromString("min_token_prob")) ||
+        !(s_apply = PyUnicode_InternFromString("apply")) || !(s_expires_at = PyUnicode_InternFromString("expires_at")) ||
+        !(s_ttl = PyUnicode_InternFromString("ttl")) ||
+        !(s_max_tokens_per_group = PyUnicode_InternFromString("max_tokens_per_group")) ||
+        !(s_max_updates = PyUnicode_InternFromString("max_updates_per_call")) ||
+        !(s_max_tokens_per_update = PyUnicode_InternFromString("max_tokens_per_update")) ||
+        !(s_max_id_len = PyUnicode_InternFromString("max_id_len")) ||
+        !(s_max_fetch_tokens = PyUnicode_InternFromString("max_fetch_tokens")))
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

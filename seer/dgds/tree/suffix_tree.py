@@ -422,3 +422,6 @@ def _py_log_fetch(trees: Sequence[SuffixTree | None], cursors: Sequence[int], kn
 # for each logged tree (its ``core``; None: answered empty) what a replica at log offset cursors[i]
 # lacks, within max_tokens over all, as packed little-endian uint32 bytes (see _suffix_core.c).
 log_fetch = _CORE.log_fetch if COMPILED else _py_log_fetch
+# sync_packed(raw, states, groups, ended, now, limits) -> bytes | None: GroupStore.sync of one serialized
+# SyncRequest, answered serialized (see _suffix_core.c); None without the core.
+sync_packed = _CORE.sync_packed if COMPILED else None
