@@ -28,7 +28,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #ifndef SCAN_MAX
 #define SCAN_MAX 4 /* up to this many children: found by scanning the sibling list, not hashed */
@@ -90,98 +89,6 @@ typedef struct {
 
 static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
 static PyObject *s_tokens, *s_probs, *s_max_spec, *s_lmin, *s_lmax, *s_topk, *s_floor;
-
-/* ---- big arrays ------------------------------------------------------------------------------ */
-
-/* The arrays a step reads at random (nodes, hash tables, tokens) come, from BIG_MIN bytes up, out
- * of 2 MiB-aligned regions advised to be huge pages (MADV_HUGEPAGE): a draft server's trees are far
- * larger than what 4 KiB pages' TLB entries cover, so otherwise nearly every random access is a
- * page walk too. Blocks are powers of two, kept on one free list per size for the next trees (never
- * returned to the system); smaller arrays come from PyMem. Callers pass each block's byte size. */
-#ifndef BIG_MIN_SHIFT
-#define BIG_MIN_SHIFT 16
-#endif
-#define BIG_MAX_SHIFT 25 /* blocks up to 32 MiB from the regions; larger ones mapped on their own */
-#define REGION_BYTES ((size_t)64 << 20)
-#define HUGE_BYTES ((size_t)2 << 20)
-static void *big_free_list[BIG_MAX_SHIFT + 1];
-static char *region_cur, *region_end;
-
-static int big_class(size_t bytes) {
-    int c = BIG_MIN_SHIFT;
-    while (((size_t)1 << c) < bytes) c++;
-    return c;
-}
-
-static void *map_huge(size_t bytes) {
-    void *p = mmap(NULL, bytes + HUGE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    char *a = (char *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-    if (a > (char *)p) munmap(p, (size_t)(a - (char *)p)); /* (trim to the aligned range) */
-    munmap(a + bytes, (size_t)((char *)p + bytes + HUGE_BYTES - (a + bytes)));
-#ifdef MADV_HUGEPAGE
-    madvise(a, bytes, MADV_HUGEPAGE);
-#endif
-    return a;
-}
-
-#define BIG_DOMAIN 0x5EE2 /* tracemalloc's domain for the blocks in use (they are not PyMem's) */
-
-static void *big_alloc(size_t bytes) {
-    if (bytes < ((size_t)1 << BIG_MIN_SHIFT)) return PyMem_Malloc(bytes);
-    int c = big_class(bytes);
-    size_t size = (size_t)1 << c;
-    void *p;
-    if (c > BIG_MAX_SHIFT) {
-        if ((p = map_huge(size)) != NULL) PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
-        return p;
-    }
-    if ((p = big_free_list[c]) != NULL) {
-        big_free_list[c] = *(void **)p;
-        PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
-        return p;
-    }
-    if (region_cur == NULL || (size_t)(region_end - region_cur) < size) { /* (a region's tail is left) */
-        char *r = map_huge(REGION_BYTES);
-        if (r == NULL) return NULL;
-        region_cur = r;
-        region_end = r + REGION_BYTES;
-    }
-    p = region_cur;
-    region_cur += size;
-    PyTraceMalloc_Track(BIG_DOMAIN, (uintptr_t)p, size);
-    return p;
-}
-
-static void big_free(void *p, size_t bytes) {
-    if (p == NULL) return;
-    if (bytes < ((size_t)1 << BIG_MIN_SHIFT)) {
-        PyMem_Free(p);
-        return;
-    }
-    int c = big_class(bytes);
-    PyTraceMalloc_Untrack(BIG_DOMAIN, (uintptr_t)p);
-    if (c > BIG_MAX_SHIFT) {
-        munmap(p, (size_t)1 << c);
-        return;
-    }
-    *(void **)p = big_free_list[c];
-    big_free_list[c] = p;
-}
-
-/* realloc of a big_alloc block of old_bytes (NULL: 0) to new_bytes; NULL (old kept) on failure */
-static void *big_realloc(void *old, size_t old_bytes, size_t new_bytes) {
-    size_t lim = (size_t)1 << BIG_MIN_SHIFT;
-    if (old_bytes < lim && new_bytes < lim) return PyMem_Realloc(old, new_bytes);
-    if (old != NULL && old_bytes >= lim && big_class(old_bytes) == big_class(new_bytes)) return old;
-    void *p = big_alloc(new_bytes);
-    if (p == NULL) return NULL;
-    if (old != NULL) {
-        memcpy(p, old, old_bytes < new_bytes ? old_bytes : new_bytes);
-        big_free(old, old_bytes);
-    }
-    return p;
-}
 
 /* ---- hash table of the children of big nodes ------------------------------------------------ */
 
@@ -248,7 +155,7 @@ static int hash_reserve(Tree *t, int64_t extra) {
     uint64_t ncap = cap ? cap : 64;
     while ((uint64_t)(t->tab_used + extra) * 2 > ncap) ncap *= 2;
     Entry *old = t->tab;
-    Entry *tab = big_alloc(ncap * sizeof(Entry));
+    Entry *tab = PyMem_Malloc(ncap * sizeof(Entry));
     if (tab == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -259,7 +166,7 @@ static int hash_reserve(Tree *t, int64_t extra) {
     t->tab_used = 0;
     for (uint64_t i = 0; i < cap; i++)
         if (old[i].child != NONE) hash_put(t, old[i].parent, old[i].tok, old[i].child);
-    big_free(old, cap * sizeof(Entry));
+    PyMem_Free(old);
     return 0;
 }
 
@@ -284,7 +191,7 @@ static int reserve_slow(Tree *t, int32_t extra) {
             PyErr_SetString(PyExc_OverflowError, "suffix tree: more than 2**31 nodes");
             return -1;
         }
-        CNode *nodes = big_realloc(t->nodes, (size_t)t->nodes_cap * sizeof(CNode), (size_t)ncap * sizeof(CNode));
+        CNode *nodes = PyMem_Realloc(t->nodes, (size_t)ncap * sizeof(CNode));
         if (nodes == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -593,7 +500,7 @@ static int extend_begin(Tree *t, int32_t sid, Py_ssize_t n) {
         int64_t ncap = s->cap ? s->cap : 16;
         while (ncap < s->len + n) ncap *= 2;
         if (ncap > INT32_MAX) ncap = INT32_MAX;
-        int64_t *tok = big_realloc(s->tok, (size_t)s->cap * sizeof(int64_t), (size_t)ncap * sizeof(int64_t));
+        int64_t *tok = PyMem_Realloc(s->tok, (size_t)ncap * sizeof(int64_t));
         if (tok == NULL) return PyErr_NoMemory(), -1;
         s->tok = tok;
         s->cap = (int32_t)ncap;
@@ -2137,14 +2044,14 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
 
 static void Tree_dealloc(Tree *t) {
     for (int32_t i = 0; i < t->nseqs; i++) {
-        big_free(t->seqs[i].tok, (size_t)t->seqs[i].cap * sizeof(int64_t));
+        PyMem_Free(t->seqs[i].tok);
         PyMem_Free(t->seqs[i].act);
         Py_XDECREF(t->seqs[i].list);
     }
     PyMem_Free(t->seqs);
     PyMem_Free(t->scratch);
-    big_free(t->nodes, (size_t)t->nodes_cap * sizeof(CNode));
-    if (t->tab) big_free(t->tab, (size_t)(t->mask + 1) * sizeof(Entry));
+    PyMem_Free(t->nodes);
+    PyMem_Free(t->tab);
     PyMem_Free(t->log_seg);
     PyMem_Free(t->log_tok);
     Py_XDECREF(t->pyseqs);
