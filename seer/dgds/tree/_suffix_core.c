@@ -47,7 +47,8 @@ typedef struct {
     int32_t first;       /* first child, NONE for a leaf */
     int32_t next, prev;  /* siblings */
     int32_t nkids;       /* number of children */
-    int32_t growing;     /* an open leaf (see suffix_tree.Node.growing) */
+    int32_t growing;     /* an open leaf (see suffix_tree.Node.growing), or one that stopped at limit */
+    int32_t limit;       /* an open leaf's window is max_depth long once its sequence is this long */
 } CNode;
 
 typedef struct {
@@ -175,10 +176,18 @@ static int hash_reserve(Tree *t, int64_t extra) {
 #define ND(i) (t->nodes[(i)])
 #define PREFETCH(p) __builtin_prefetch((p), 1, 3)
 
-/* A node's edge length. An open leaf (growing) ends where its sequence ends, so its length is
- * computed, not stored: an append then never touches the open leaves of its sequence. */
+/* A node's edge length. An open leaf (growing) ends where its sequence ends, until its window is
+ * max_depth long (limit), so its length is computed, not stored: an append then never touches the
+ * open leaves of its sequence, not even the one whose window stops. */
 static inline int32_t elen(const Tree *t, const CNode *n) {
-    return n->growing ? t->seqs[n->ref_seq].len - n->ref_idx : n->length;
+    if (!n->growing) return n->length;
+    int32_t len = t->seqs[n->ref_seq].len;
+    return (len < n->limit ? len : n->limit) - n->ref_idx;
+}
+
+/* Whether a node is an open leaf in SuffixTree's sense (its window still growing). */
+static inline int is_open(const Tree *t, const CNode *n) {
+    return n->growing && t->seqs[n->ref_seq].len <= n->limit;
 }
 
 /* room for `extra` more nodes and their hash entries (checked before each token, so that a step
@@ -229,6 +238,7 @@ static int32_t new_node(Tree *t, int64_t tok, int64_t count, int32_t length, int
     n->first = n->next = n->prev = NONE;
     n->nkids = 0;
     n->growing = count == 1;
+    n->limit = INT32_MAX;
     return id;
 }
 
@@ -297,13 +307,8 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
     s->act[s->astart + s->na++] = root;
     ND(root).count++;
     if (s->na > t->max_depth) {
-        /* The oldest window is max_depth long: it stops growing. */
-        if (lo) {
-            CNode *old = &ND(s->act[s->astart]);
-            old->length = n - old->ref_idx;
-            old->growing = 0;
-            lo--;
-        }
+        /* The oldest window is max_depth long: it stops growing (its leaf's length: see elen). */
+        if (lo) lo--;
         s->astart++;
         s->na--;
     }
@@ -369,6 +374,8 @@ static void step(Tree *t, int32_t sid, int64_t tok) {
             /* a leaf other windows ended at too, or a node without this continuation: the window
              * branches off (a non-root node here has count >= 2) */
             int32_t nw = new_node(t, tok, 1, 1, sid, n, node);
+            int64_t limit = (int64_t)n - (na - 1 - i) + t->max_depth; /* (window i starts na - 1 - i before n) */
+            ND(nw).limit = limit < INT32_MAX ? (int32_t)limit : INT32_MAX;
             child_add(t, node, nw);
             act[i] = nw;
             created++;
@@ -474,14 +481,10 @@ static int log_reserve(Tree *t, Py_ssize_t n) {
 }
 
 /* Prefetch what appending n tokens to s touches first, all of it cold since its last append: the
- * nodes its walked windows end at, the open leaves that reach max_depth (one per token), the tail
- * of its tokens. */
+ * nodes its walked windows end at, the tail of its tokens. */
 static inline void warm_seq(Tree *t, const Seq *s, Py_ssize_t n) {
     const int32_t *act = s->act + s->astart;
-    int32_t lo = s->lo ? s->lo - 1 : 0;
-    int64_t stops = (int64_t)s->na + n - t->max_depth; /* windows that reach max_depth */
-    for (int32_t i = lo; i < s->na; i++) PREFETCH(&ND(act[i]));
-    for (int32_t i = 0; i < stops && i < n && i < lo; i++) PREFETCH(&ND(act[i]));
+    for (int32_t i = s->lo ? s->lo - 1 : 0; i < s->na; i++) PREFETCH(&ND(act[i]));
     if (s->tok) PREFETCH(s->tok + s->len);
 }
 
@@ -1267,7 +1270,7 @@ static PyObject *Tree_dump(Tree *t, PyObject *Py_UNUSED(ignored)) {
         int32_t id = queue[head];
         const CNode *nd = &ND(id);
         PyObject *row = Py_BuildValue("(iLiiii)", pos_parent[head], (long long)nd->count, elen(t, nd), nd->ref_seq,
-                                      nd->ref_idx, nd->growing);
+                                      nd->ref_idx, is_open(t, nd));
         if (row == NULL || PyList_Append(out, row) < 0) {
             Py_XDECREF(row);
             Py_DECREF(out);
