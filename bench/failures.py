@@ -22,6 +22,7 @@ TESTS = (
     "tests/fleet/test_rollout_faults_real.py",  # retries_exhausted.json, rollout_cancelled.json
     "tests/test_run_survives_instance_loss.py",  # run_instance_loss_rollout.json, run_instance_loss_training.json
     "tests/test_run_survives_kv_master_loss.py",  # run_kv_master_loss.json
+    "tests/fleet/test_two_nodes.py::test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process",  # run_node_loss.json
     "tests/kvpool/test_master_restart.py",  # kv_master_restart.json
     "tests/dgds/test_dgds_grpc.py::test_client_keeps_drafting_through_a_server_restart_and_resyncs",  # dgds_restart.json
 )

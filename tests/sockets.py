@@ -84,4 +84,12 @@ def guards(root: int, *needles: str) -> list[int]:
             continue
         if "seer.procs.guard" in cmd and all(n in cmd for n in needles):
             out.append(pid)
-    return out
+    # a guard's sentinel is a fork of it, with its command line: keep the guards
+    return sorted({p for p in out if _ppid(p) not in out})
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -96,8 +96,10 @@ class RayCluster:
                 if not head.alive() or time.monotonic() > deadline:
                     raise ClusterError(f"a one-node Ray on {ip} did not start (log {head.log_path}):\n{head.log_tail()}")
                 time.sleep(0.2)
-            _init({"address": f"{ip}:{port}", "_node_ip_address": ip, "configure_logging": False,
-                   "log_to_driver": False}, cfg.connect_timeout_s, f"the one-node Ray started on {ip}")
+            import ray
+
+            # In this thread (its GCS answers already): ray.init installs its signal handlers here.
+            ray.init(address=f"{ip}:{port}", _node_ip_address=ip, configure_logging=False, log_to_driver=False)
         except BaseException:
             cluster.close()
             raise

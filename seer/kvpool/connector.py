@@ -11,7 +11,8 @@ are the ones found necessary on the CPU build (vLLM 0.32, non-CUDA Mooncake, TCP
 - a distinct `lookup_rpc_port` per instance: it names the scheduler-to-worker lookup IPC socket,
   which is otherwise the same path for every instance on a host;
 - MC_TCP_BIND_ADDRESS and MOONCAKE_REQUESTER_LOCAL_HOSTNAME pin the transfer engine to the
-  pool's host address (127.0.0.1 here) instead of whatever interface get_ip() picks.
+  instance's node address instead of whatever interface get_ip() picks;
+- `kv_load_failure_policy: recompute`, so a prefix held by a lost store costs re-prefill, not the request.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def instance_settings(
         "cache_prefix": cfg.cache_prefix or cache_prefix(spec.model, spec.dtype),
         "lookup_rpc_port": int(spec.port),
     }
-    ktc = {"kv_connector": CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra}
+    # A prefix the pool lists but cannot deliver (its store was lost with its node) is recomputed,
+    # not the request failed: vLLM's default for a failed KV load is "fail".
+    ktc = {"kv_connector": CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra,
+           "kv_load_failure_policy": "recompute"}
     env = {
         "MOONCAKE_CONFIG_PATH": str(path),
         "MC_TCP_BIND_ADDRESS": cfg.host,

@@ -27,11 +27,12 @@ import time
 
 from seer.procs.pdeathsig import set_parent_death_signal
 
-KILL_GRACE_S = 10.0
+KILL_GRACE_S = 10.0  # a requested stop: the server may shut down cleanly
+ORPHAN_GRACE_S = 1.0  # its owner is gone (parent or guard died): nobody waits for a clean exit
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -67,7 +68,7 @@ def _sentinel(pgid: int, guard_pid: int) -> None:
         set_parent_death_signal(signal.SIGTERM)
         while os.getppid() == guard_pid:
             signal.sigtimedwait({signal.SIGTERM}, 1.0)
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, ORPHAN_GRACE_S), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
@@ -130,7 +131,9 @@ def main(argv: list[str]) -> int:
         if os.getppid() != parent:
             break
         time.sleep(0.5)
-    _kill_group(proc)
+    # A stop asked for while the parent lives is graceful; the parent's death (its PDEATHSIG, or
+    # the poll) means a lost owner, such as a Ray actor on a lost node: no one waits for a clean exit.
+    _kill_group(proc, KILL_GRACE_S if os.getppid() == parent else ORPHAN_GRACE_S)
     return 0
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from failure_record import record
 from tests.sockets import guards, process_tree
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
+NODE_DROP_S = 10.0  # as for one lost instance (README, Failure behaviour)
 ORPHAN_GRACE_S = 20.0  # the guard's sentinel: SIGTERM, then SIGKILL after its 10 s grace
 
 
@@ -50,6 +52,21 @@ def _node_processes(cluster, node) -> list[int]:
     return sorted(set(out))
 
 
+def _env(guard: int, name: str) -> set[str]:
+    """`name` in the environment of the server a guard runs (empty when it is not readable)."""
+    from tests.sockets import server_groups
+
+    out = set()
+    for pid in server_groups(guard):
+        try:
+            for kv in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"):
+                if kv.startswith(name + "="):
+                    out.add(kv.split("=", 1)[1])
+        except OSError:
+            pass
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -67,6 +84,7 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
     assert set(ids) == {"127.0.0.3", "127.0.0.4"}, ids
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     stores: dict[str, str] = {}  # store host -> node, seen while the job runs
+    secrets: set[str] = set()  # the run's instance secret, read where the servers hold it
     job = _job(cluster, run_dir, log)
     try:
         while job.poll() is None:
@@ -74,6 +92,8 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
                 for guard in [g for pid in node.session_pids() for g in guards(pid, "mooncake_client")]:
                     cmd = Path(f"/proc/{guard}/cmdline").read_bytes().decode(errors="replace")
                     stores[re.search(r"--host=([\d.]+)", cmd).group(1)] = node.ip
+                for guard in [g for pid in node.session_pids() for g in guards(pid, "vllm.entrypoints")]:
+                    secrets.update(_env(guard, "VLLM_API_KEY"))
             time.sleep(0.5)
         assert job.returncode == 0, log.read_text()[-4000:]
     finally:
@@ -89,6 +109,13 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
     # a store per node, started by that node's Ray worker and bound to its address
     assert stores == {"127.0.0.3": "127.0.0.3", "127.0.0.4": "127.0.0.4"}, stores
     assert re.search(r"a store of 16 MiB on each node: 127\.0\.0\.\d, 127\.0\.0\.\d", text)
+
+    # the secret reached both instances, and nothing of the run directory holds it or Ray's token
+    assert len(secrets) == 1 and len(next(iter(secrets))) >= 32, secrets
+    ray_token = Path(cluster.env()["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    for f in [f for f in run_dir.rglob("*") if f.is_file()]:
+        data = f.read_bytes()
+        assert not any(t.encode() in data for t in (*secrets, ray_token)), f"a secret is written in {f}"
 
     recs = _records(run_dir)
     assert [r["iteration"] for r in recs] == [0, 1]
@@ -117,11 +144,11 @@ def test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process(ray_two_n
             assert job.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        while "rollout 1:" not in _run_log(run_dir):  # the job's first progress line of iteration 1
+        [guard] = {g for pid in victim.session_pids() for g in guards(pid, "vllm.entrypoints")}
+        while _running(guard) == 0:  # iteration 1's chunks are on the victim's instance
             assert job.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(1.0)  # chunks in flight on both nodes
+            assert time.monotonic() < deadline, "iteration 1's rollout never reached the victim"
+            time.sleep(0.02)
         seer_pids = _node_processes(cluster, victim)
         assert any(b"vllm.entrypoints" in Path(f"/proc/{p}/cmdline").read_bytes() for p in seer_pids if _alive(p))
         cluster.lose(victim)
@@ -130,6 +157,7 @@ def test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process(ray_two_n
         while left and time.monotonic() - lost_at < ORPHAN_GRACE_S:
             left = [p for p in left if _alive(p)]
             time.sleep(0.2)
+        gone_s = time.monotonic() - lost_at
         assert not left, f"processes of the lost node still run: {left}"
         assert job.wait(timeout=600) == 0, log.read_text()[-4000:]
     finally:
@@ -143,10 +171,31 @@ def test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process(ray_two_n
     assert [r["iteration"] for r in recs] == [0, 1]
     assert all(r["num_samples"] == 16 for r in recs)  # no sample lost
     assert [r["weight_version"] for r in recs] == [0, 1]
+    [d] = recs[1]["instances_dropped"]  # dropped mid-rollout: its chunks finished on the other node
+    assert "127.0.0.4" in d["reason"], d
+    rollout = [json.loads(x) for x in (run_dir / "rollouts" / "iter_0001.jsonl").read_text().splitlines()]
+    started = min(r["start_time"] for r in rollout)  # the first chunk's dispatch, on the driver's clock
+    after_loss = started + d["t"] - lost_at
+    assert after_loss < NODE_DROP_S, (started, d, lost_at)
+    assert [i["name"] for i in recs[1]["instances"]] and len(recs[1]["instances"]) >= 1
+    record("run_node_loss", "tests/fleet/test_two_nodes.py::"
+           "test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process",
+           {"dropped_after_loss": NODE_DROP_S, "processes_gone_after_loss": ORPHAN_GRACE_S},
+           {"dropped_after_loss_s": round(after_loss, 2), "processes_gone_after_loss_s": round(gone_s, 2),
+            "rollout_s": recs[1]["wall_s"], "rollout_before_s": recs[0]["wall_s"]},
+           "seer-run --sync on two simulated Ray nodes (127.0.0.3, 127.0.0.4, a core each), an instance and a "
+           "store per node; every process of node 127.0.0.4's session SIGKILLed once iteration 1's rollout runs")
 
 
-def _run_log(run_dir: Path) -> str:
-    try:
-        return (run_dir / "run.log").read_text()
-    except OSError:
-        return ""
+def _running(guard: int) -> int:
+    """Requests the guard's vLLM server runs now (its /metrics, with the secret from its environment)."""
+    import urllib.request
+
+    from seer.procs.vllm_metrics import telemetry_from_metrics
+
+    argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
+    host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
+    [token] = _env(guard, "VLLM_API_KEY")
+    req = urllib.request.Request(f"http://{host}:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return telemetry_from_metrics("victim", r.read().decode()).num_running

@@ -1,4 +1,4 @@
-"""A real multi-node Ray cluster on one machine: one `ray start --block` per node, each on its own
+"""A real multi-node Ray cluster on one machine (tests and benchmarks): one `ray start --block` per node, each on its own
 loopback address and its own cores, as `../shared/design/ray-on-one-machine.md` measured.
 
 Each node runs in its own session under `taskset`, so its raylet, its workers and every process
