@@ -16,8 +16,9 @@
  * extend call a segment (sequence, start, length) and the tokens as uint32, in order. `append_at`
  * appends a slice of a packed little-endian uint32 buffer when it continues its sequence, and
  * `log_fetch` answers the fetches of a whole packed Sync message (many trees, from each one's log
- * offset) as two byte strings: the draft server's hot path without a Python step per token,
- * segment or group. suffix_tree.py holds the same in Python, the reference.
+ * offset) as two byte strings. `sync_packed` does a whole serialized Sync message of the draft
+ * server (GroupStore.sync: parse, fetches, appends, the serialized answer) with no Python step per
+ * group, append, segment or token. suffix_tree.py holds the same in Python, the reference.
  *
  * No Python object is made per node, so trees are invisible to the cyclic GC and freed at once.
  * Only public C API is used (no object layouts). Built by `pip install -e .` (setup.py), which
