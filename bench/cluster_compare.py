@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import secrets
 import statistics
 import subprocess
 import sys
@@ -69,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.ray_nodes import RayNodes
 
     tmp = Path(tempfile.mkdtemp(prefix="seer-cc-", dir="/tmp"))
-    (tmp / "token").write_text(secrets.token_hex(32))
-    (tmp / "token").chmod(0o600)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "token"),
-           "RAY_USAGE_STATS_ENABLED": "0"}
-    os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED")})
+    env = dict(os.environ)  # seer-run starts its own Ray, with its own token
     cores = sorted(os.sched_getaffinity(0))[:2]
     cluster = RayNodes(tmp / "two").start(["127.0.0.3", "127.0.0.4"], [str(c) for c in cores])
     two = {**WORKLOAD, "cluster.address": cluster.address, "cluster.node_ip": "127.0.0.3",

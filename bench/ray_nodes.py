@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -69,10 +70,15 @@ class RayNodes:
     nodes: list[Node] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, **FAST_HEALTH, "RAY_USAGE_STATS_ENABLED": "0"}
+        """For every process of this cluster and every job that joins it: its own token."""
+        return {**os.environ, **FAST_HEALTH, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": str(self.tmp / "token")}
 
     def start(self, ips: list[str], cores: list[str], timeout_s: float = 90.0) -> RayNodes:
         self.tmp.mkdir(parents=True, exist_ok=True)
+        token = self.tmp / "token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
         port = _free_port(ips[0])
         self.address = f"{ips[0]}:{port}"
         for k, (ip, cpus) in enumerate(zip(ips, cores)):

@@ -96,14 +96,14 @@ def restore_base_weights(vllm_pool, tiny_model):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A one-node Ray on 127.0.0.2 that this process is connected to (what seer-run starts for
-    itself); Fleet.launch in a test uses it instead of starting one per test."""
-    import ray
+    """A one-node Ray on 127.0.0.2 that this process is connected to, started as seer-run starts its
+    own; Fleet.launch in a test uses it instead of starting one per test."""
+    from seer.fleet.config import ClusterConfig
+    from seer.fleet.ray_cluster import RayCluster
 
-    ray.init(_node_ip_address="127.0.0.2", num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
-             _temp_dir=str(RAY_TMP / "local"), configure_logging=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    cluster = RayCluster.connect(ClusterConfig(), RAY_TMP)  # seer-run's own way: a guarded `ray start`
+    yield cluster
+    cluster.close()
 
 
 def pytest_unconfigure(config):

@@ -9,6 +9,7 @@ On one machine a shared directory is the transfer; clusters would swap in NCCL b
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 
@@ -54,12 +55,28 @@ async def push_weights(clients: list[InstanceClient], path: str, version: int, *
         results = await rpc(c, "seer_load_weights", str(path), str(version))
         if {int(v) for v in results} != {version}:
             raise StaleWeightsError(f"{c.name}: loaded version {results}, expected {version}")
-        if not await c.reset_prefix_cache():
-            raise InstanceError(f"{c.name}: could not drop the prefix cache after the weight update")
+        if not await _reset(c, external=False):
+            raise InstanceError(f"{c.name}: could not drop the prefix cache after the weight update "
+                                f"(still refused after {RESET_RETRY_S:.0f} s)")
 
     await asyncio.gather(*(one(c) for c in clients))
-    if kv_pool and not await clients[0].reset_prefix_cache(external=True):
-        raise InstanceError("could not clear the KV pool after the weight update")
+    if kv_pool and not await _reset(clients[0], external=True):
+        raise InstanceError(f"could not clear the KV pool after the weight update (still refused after "
+                            f"{RESET_RETRY_S:.0f} s)")
+
+
+# vLLM refuses a reset while blocks are in use, as by KV transfers still pending to a store lost with
+# its node (until Mooncake gives up on them, and the master forgets the store after client_ttl).
+RESET_RETRY_S = 30.0
+
+
+async def _reset(c: InstanceClient, external: bool) -> bool:
+    deadline = time.monotonic() + RESET_RETRY_S
+    while not await c.reset_prefix_cache(external=external):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
 
 
 async def require_version(clients: list[InstanceClient], version: int) -> None:

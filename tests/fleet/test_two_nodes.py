@@ -90,8 +90,12 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
         while job.poll() is None:
             for node in cluster.nodes:
                 for guard in [g for pid in node.session_pids() for g in guards(pid, "mooncake_client")]:
-                    cmd = Path(f"/proc/{guard}/cmdline").read_bytes().decode(errors="replace")
-                    stores[re.search(r"--host=([\d.]+)", cmd).group(1)] = node.ip
+                    try:
+                        host = re.search(r"--host=([\d.]+)", Path(f"/proc/{guard}/cmdline").read_text())
+                    except OSError:  # exited meanwhile
+                        continue
+                    if host:
+                        stores[host.group(1)] = node.ip
                 for guard in [g for pid in node.session_pids() for g in guards(pid, "vllm.entrypoints")]:
                     secrets.update(_env(guard, "VLLM_API_KEY"))
             time.sleep(0.5)
