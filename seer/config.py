@@ -25,6 +25,7 @@ from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.trainer.config import TrainerConfig
+from seer.watch.config import LoggingConfig
 
 
 class ConfigError(ValueError):
@@ -103,6 +104,7 @@ class RunConfig:
     # Tuned for the embedded default model; a user checkpoint (model.path) falls back to
     # TrainerConfig's own defaults, which suit LLMs, unless the config sets these keys.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(**EMBEDDED_MODEL_TRAINER))
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -322,3 +324,5 @@ def validate(cfg: RunConfig) -> None:
     except (DatasetError, RewardSpecError) as e:
         raise ConfigError(str(e)) from None
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
+    for key, why in cfg.logging.problems():
+        raise ConfigError(f"config key {key!r}: {why}")
