@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,7 +129,7 @@ class WandB:
         import wandb
 
         self.wandb = wandb
-        ids.setdefault("wandb_run_id", wandb.util.generate_id())
+        ids.setdefault("wandb_run_id", secrets.token_hex(4))
         try:
             self.run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or name, id=ids["wandb_run_id"],
                                   resume="allow", dir=str(run_path), config=config, reinit="create_new",
@@ -159,6 +161,8 @@ class MLflow:
         from mlflow.tracking import MlflowClient
 
         self.uri = cfg.mlflow_tracking_uri or (run_path / "mlruns").resolve().as_uri()
+        if self.uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked: this run asks
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=self.uri)
         if "mlflow_run_id" in ids:
             self.run_id = ids["mlflow_run_id"]
