@@ -240,3 +240,87 @@ def chunk_slices(trace: dict) -> list[dict]:
              if ev.get("ph") == "M" and ev.get("name") == "process_name"}
     return [{**ev["args"], "instance": names[ev["pid"]], "name": ev["name"], "ts": ev["ts"], "dur": ev["dur"]}
             for ev in trace["traceEvents"] if ev.get("ph") == "X" and ev.get("cat", "").startswith("chunk")]
+
+
+# ---- the project's own plot of a trace, and the command line ----------------------------------
+
+def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
+    """Chunks per instance lane (migrated ones darker), the driver's phases, KV usage per instance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evs = trace["traceEvents"]
+    names = {ev["pid"]: ev["args"]["name"] for ev in evs if ev["ph"] == "M" and ev["name"] == "process_name"}
+    pids = sorted(p for p in names if p != DRIVER_PID)
+    lanes = {p: sorted({ev["tid"] for ev in evs if ev["ph"] == "X" and ev["pid"] == p}) for p in pids}
+    fig, (top, kv) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    row, ticks, labels = 0, [], []
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, p in enumerate(pids):
+        base = row
+        index = {tid: base + j for j, tid in enumerate(lanes[p])}
+        for ev in evs:
+            if ev["ph"] == "X" and ev["pid"] == p:
+                moved = "migrated" in ev.get("cat", "")
+                top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (index[ev["tid"]], 0.8),
+                                facecolors="black" if moved else colors[k % len(colors)], linewidth=0)
+        row += max(1, len(lanes[p])) + 1
+        ticks.append(base + len(lanes[p]) / 2)
+        labels.append(f"{names[p]} ({len(lanes[p])} lanes)")
+        points = sorted((ev["ts"] / 1e6, ev["args"]["kv_usage"]) for ev in evs
+                        if ev["ph"] == "C" and ev["pid"] == p and ev["name"] == "kv_usage")
+        if points:
+            kv.step(*zip(*points), where="post", label=names[p], color=colors[k % len(colors)])
+    for ev in evs:
+        if ev["ph"] == "X" and ev["pid"] == DRIVER_PID:
+            top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (row, 0.8), facecolors="0.7", linewidth=0.5,
+                            edgecolors="0.3")
+            top.text(ev["ts"] / 1e6, row + 1.0, ev["name"], fontsize=7, va="bottom")
+    ticks.append(row + 0.4)
+    labels.append("driver phases")
+    top.set_yticks(ticks, labels)
+    top.set_ylim(-1, row + 3)
+    top.set_title(title or "chunks per instance (black: migrated)")
+    kv.set_ylabel("KV usage")
+    kv.set_xlabel("seconds since the iteration started")
+    kv.set_ylim(0, 1)
+    kv.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m seer.watch.trace",
+                                 description="Check or plot iteration traces (rollouts/iter_N.trace.json).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="check files against the trace event format; exit 1 on any error")
+    c.add_argument("files", nargs="+", help="trace JSON files")
+    p = sub.add_parser("plot", help="plot one trace as a PNG (chunks per instance lane, phases, KV usage)")
+    p.add_argument("file", help="a trace JSON file")
+    p.add_argument("out", help="the PNG to write")
+    args = ap.parse_args(argv)
+    if args.cmd == "plot":
+        print(plot_trace(json.loads(Path(args.file).read_text()), args.out))
+        return 0
+    bad = 0
+    for f in args.files:
+        trace = json.loads(Path(f).read_text())
+        errors = check_trace(trace)
+        n = len(chunk_slices(trace)) if not errors else 0
+        print(f"{f}: " + ("ok" if not errors else f"{len(errors)} errors") + (f", {n} chunk slices" if n else ""))
+        for e in errors[:20]:
+            print(f"  {e}")
+        bad += bool(errors)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
