@@ -19,7 +19,7 @@ LAYERS = {
     "scheduler": 1, "dgds": 1, "kvpool": 1, "tasks": 1, "model": 1,
     "fleet": 2, "trainer": 2,
     "rollout": 3,
-    "config": 4, "rundir": 4, "metrics_log": 4, "job": 4, "loop": 4, "cli": 4, "bench_cli": 4, "watch": 4,
+    "config": 4, "rundir": 4, "metrics_log": 4, "job": 4, "loop": 4, "cli": 4, "bench_cli": 4, "watch": 4, "config_help": 4,
 }
 # Imports between parts of one layer that the design allows: the ground's helpers read and write
 # the shared records; the embedded model is warm-started on the built-in task.

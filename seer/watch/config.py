@@ -18,15 +18,15 @@ class LoggingConfig:
     # W&B (offline with WANDB_MODE=offline; its key only from WANDB_API_KEY), MLflow.
     backends: tuple[Backend, ...] = ("tensorboard",)
     samples_per_iteration: int = 4  # decoded responses shown per iteration (TensorBoard text, W&B table)
-    wandb_project: str = "seer"
+    wandb_project: str = "seer"  # the W&B project runs are logged to
     wandb_run_name: str | None = None  # None: the run directory's name
     # None: a local file store in <run_dir>/mlruns; else any MLflow tracking URI (file:, http://…).
     mlflow_tracking_uri: str | None = None
-    mlflow_experiment: str = "seer"
+    mlflow_experiment: str = "seer"  # the MLflow experiment runs are logged to
     trace: bool = True  # rollouts/iter_N.trace.json per iteration: the chunk timeline for Perfetto
     # Prometheus /metrics served by the driver on metrics_host; None: off, 0: any free port (printed).
     metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = "127.0.0.1"  # where /metrics binds (loopback: only this machine can scrape it)
     # When stdout is not a terminal (a log file), long steps print a line this often instead of a spinner.
     progress_interval_s: float = 15.0
 

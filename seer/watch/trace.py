@@ -273,15 +273,19 @@ def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
                         if ev["ph"] == "C" and ev["pid"] == p and ev["name"] == "kv_usage")
         if points:
             kv.step(*zip(*points), where="post", label=names[p], color=colors[k % len(colors)])
-    for ev in evs:
-        if ev["ph"] == "X" and ev["pid"] == DRIVER_PID:
-            top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (row, 0.8), facecolors="0.7", linewidth=0.5,
-                            edgecolors="0.3")
-            top.text(ev["ts"] / 1e6, row + 1.0, ev["name"], fontsize=7, va="bottom")
+    phases = [ev for ev in evs if ev["ph"] == "X" and ev["pid"] == DRIVER_PID]
+    depth_max = 0
+    for ev in phases:  # nested phases (generate inside rollout) one row above their parent
+        depth = sum(1 for o in phases if o is not ev and o["ts"] <= ev["ts"] and
+                    ev["ts"] + ev["dur"] <= o["ts"] + o["dur"] + _EPS_US and o["dur"] > ev["dur"])
+        depth_max = max(depth_max, depth)
+        y = row + 2 * depth
+        top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (y, 0.8), facecolors="0.7", linewidth=0.5, edgecolors="0.3")
+        top.text(ev["ts"] / 1e6, y + 0.9, ev["name"], fontsize=7, va="bottom")
     ticks.append(row + 0.4)
     labels.append("driver phases")
     top.set_yticks(ticks, labels)
-    top.set_ylim(-1, row + 3)
+    top.set_ylim(-1, row + 2 * depth_max + 3)
     top.set_title(title or "chunks per instance (black: migrated)")
     kv.set_ylabel("KV usage")
     kv.set_xlabel("seconds since the iteration started")
