@@ -255,7 +255,8 @@ def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
     names = {ev["pid"]: ev["args"]["name"] for ev in evs if ev["ph"] == "M" and ev["name"] == "process_name"}
     pids = sorted(p for p in names if p != DRIVER_PID)
     lanes = {p: sorted({ev["tid"] for ev in evs if ev["ph"] == "X" and ev["pid"] == p}) for p in pids}
-    fig, (top, kv) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, (ph, top, kv) = plt.subplots(3, 1, figsize=(11, 6.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [0.8, 3, 1]})
     row, ticks, labels = 0, [], []
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, p in enumerate(pids):
@@ -279,14 +280,15 @@ def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
         depth = sum(1 for o in phases if o is not ev and o["ts"] <= ev["ts"] and
                     ev["ts"] + ev["dur"] <= o["ts"] + o["dur"] + _EPS_US and o["dur"] > ev["dur"])
         depth_max = max(depth_max, depth)
-        y = row + 2 * depth
-        top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (y, 0.8), facecolors="0.7", linewidth=0.5, edgecolors="0.3")
-        top.text(ev["ts"] / 1e6, y + 0.9, ev["name"], fontsize=7, va="bottom")
-    ticks.append(row + 0.4)
-    labels.append("driver phases")
+        ph.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (-depth, 0.8), facecolors="0.8", linewidth=0.5,
+                       edgecolors="0.3")
+        ph.text(ev["ts"] / 1e6 + ev["dur"] / 2e6, -depth + 0.4, ev["name"], fontsize=7, ha="center", va="center")
+    ph.set_ylim(-depth_max - 0.3, 1)
+    ph.set_yticks([])
+    ph.set_ylabel("driver", rotation=0, ha="right", va="center")
     top.set_yticks(ticks, labels)
-    top.set_ylim(-1, row + 2 * depth_max + 3)
-    top.set_title(title or "chunks per instance (black: migrated)")
+    top.set_ylim(-1, row)
+    ph.set_title(title or "chunks per instance (black: migrated)")
     kv.set_ylabel("KV usage")
     kv.set_xlabel("seconds since the iteration started")
     kv.set_ylim(0, 1)
