@@ -158,12 +158,12 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS))
-    ap.add_argument("--configs", default="all")
+    ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS), help="comma-separated paper workloads to simulate (default: all of %(default)s)")
+    ap.add_argument("--configs", default="all", help="comma-separated configurations of the ladder (bench.configs), or all")
     ap.add_argument("--scale", type=float, default=None,
                     help="fraction of the paper's instances and requests (default: per scenario, DEFAULT_SCALE)")
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--step-times", default=str(STEP_TIMES))
+    ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; each draws the workload's lengths anew")
+    ap.add_argument("--step-times", default=str(STEP_TIMES), help="measured step times the 'measured' step model is fitted to")
     ap.add_argument("--step-model", choices=("measured", "roofline"), default="roofline",
                     help="roofline (default): from the paper's model and GPU sizes (bench/sim/hardware.py); "
                          "measured: fitted to --step-times (this machine's vLLM on a CPU core)")
