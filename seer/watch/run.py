@@ -44,11 +44,11 @@ class RunWatch:
     def __enter__(self) -> RunWatch:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
-    def close(self) -> None:
-        self.trackers.close()
+    def close(self, failed: bool = False) -> None:
+        self.trackers.close(failed)
         if self.live is not None:
             self.live.close()
             self.live = None

@@ -97,7 +97,7 @@ class TensorBoard:
         self.writer.add_event(self._pb.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
@@ -147,8 +147,8 @@ class WandB:
                 data=[[s.group_id, s.sample_index, s.reward, s.num_tokens, s.prompt.text, s.response_text] for s in shown])
         self.run.log(data, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 _MLFLOW_KEY = re.compile(r"[^A-Za-z0-9_\-./ ]")
@@ -202,8 +202,8 @@ class MLflow:
             self.client.log_text(self.run_id, "\n\n---\n\n".join(sample_markdown(s) for s in shown),
                                  f"samples/iter_{step:04d}.md")
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 class Trackers:
@@ -228,7 +228,7 @@ class Trackers:
                     raise TrackingError(f"logging.backends lists {b}, but its package is not installed ({e}): "
                                         f"pip install {PACKAGES[b][1]}, or remove {b} from logging.backends") from e
         except BaseException:
-            self.close()
+            self.close(failed=True)
             raise
         if ids:
             atomic_write_text(ids_file, json.dumps(ids))
@@ -238,7 +238,8 @@ class Trackers:
         for b in self.backends:
             b.log(step, record, samples, shown)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """`failed`: the run stopped on an error or an interrupt (W&B and MLflow mark it so)."""
         for b in self.backends:
-            b.close()
+            b.close(failed)
         self.backends = []
