@@ -80,3 +80,29 @@ def test_the_checker_names_what_a_viewer_would_reject(edit, message):
 def test_the_checker_rejects_a_trace_without_an_event_list():
     assert check_trace([]) == ["not a JSON object with a traceEvents list"]
     assert check_trace({"traceEvents": [], "displayTimeUnit": "s"}) == ["displayTimeUnit must be ms or ns, got 's'"]
+
+
+def test_a_rollout_function_that_keeps_no_chunks_still_gets_a_valid_timeline(tmp_path):
+    """A custom rollout.function returns a batch without chunk events: the trace has the driver's
+    phases and the instances, and passes the checker."""
+    from rich.console import Console
+
+    from seer.types import IterationStats, RolloutBatch
+    from seer.watch.config import LoggingConfig
+    from seer.watch.run import RunWatch
+
+    watch = RunWatch(LoggingConfig(backends=()), tmp_path, Console(file=open(tmp_path / "out", "w")), config={},
+                     start_step=0)
+    with watch:
+        watch.begin_iteration(0, 4)
+        with watch.phase("rollout"):
+            pass
+        with watch.phase("training", "training on iteration 0"):
+            pass
+        batch = RolloutBatch([], IterationStats(0, "custom", 0.1, 0, 0.0, 0.0, 0, 0))
+        watch.end_iteration(0, {"instances": [{"name": "inst0"}], "policy": "custom"}, batch, 1,
+                            tmp_path / "rollouts" / "iter_0000.jsonl")
+    trace = json.loads((tmp_path / "rollouts" / "iter_0000.trace.json").read_text())
+    assert check_trace(trace) == [] and chunk_slices(trace) == []
+    assert [ev["name"] for ev in trace["traceEvents"] if ev.get("cat") == "phase"] == ["rollout", "training"]
+    assert "training on iteration 0: done in" in (tmp_path / "out").read_text()
