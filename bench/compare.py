@@ -39,6 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from seer.config_help import field_comments
 from seer.rollout.divided import stats_from_result
 from seer.dgds.vllm import speculative_config
 from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams, SpecDecodeCounters
@@ -53,30 +54,32 @@ from bench.workloads import LengthModel
 
 @dataclass(frozen=True)
 class CompareSettings:
-    mode: str = "model"  # model | trace | replay
-    model: str = "tiny"
-    groups: int = 16
-    group_size: int = 4
-    max_tokens: int = 384
-    mean_tokens: int = 120  # trace mode
-    chunk_size: int = 128
-    instances: int = 2
+    # model: each run samples its own lengths; replay: an untimed warm-up samples them once and every
+    # configuration replays them (equal work); trace: synthetic lengths (mean_tokens), EOS ignored
+    mode: str = "model"
+    model: str = "tiny"  # an embedded preset (tiny, default) or a local HF checkpoint directory
+    groups: int = 16  # prompts (GRPO groups) of the workload
+    group_size: int = 4  # samples per prompt (G)
+    max_tokens: int = 384  # longest response, in tokens
+    mean_tokens: int = 120  # trace mode: mean response length of the synthetic lengths
+    chunk_size: int = 128  # tokens per chunk of the chunked configurations
+    instances: int = 2  # vLLM instances per configuration, one CPU core each
     kv_cache_bytes: int = 2 << 20  # per instance; small on purpose, so that the baseline overloads it
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    repeats: int = 3
-    temperature: float = 1.0
-    seed: int = 7
-    spec_tokens: int = 8
+    max_num_seqs: int = 64  # vLLM's --max-num-seqs per instance
+    max_model_len: int = 2048  # the instances' context length
+    repeats: int = 3  # runs of every configuration, in alternating order
+    temperature: float = 1.0  # sampling temperature
+    seed: int = 7  # seeds the prompts, the sampled lengths and the sampling
+    spec_tokens: int = 8  # gamma_max of grouped speculative decoding
     # A Mooncake KV pool under the chunked configurations (divided, context, grouped SD, oracle): a
     # chunk that changes instance loads its prefix instead of recomputing it, so placement may move
     # it. The baseline keeps its own plain instances (group round-robin never moves a request).
     kv_pool: bool = False
-    kv_pool_bytes: int = 1 << 30
-    configs: str = "all"
+    kv_pool_bytes: int = 1 << 30  # memory of that pool
+    configs: str = "all"  # comma-separated configurations (bench.configs), e.g. baseline,context; or all
     verbose: int = 0  # 1: print each run's time breakdown (bench.breakdown)
     preset: str = ""  # a named workload (PRESETS); flags given with it override its settings
-    out: str = "bench/results/compare"
+    out: str = "bench/results/compare"  # where compare.json, compare.md and the plots go
 
     def __post_init__(self) -> None:
         if self.mode not in ("model", "trace", "replay"):
@@ -491,8 +494,10 @@ def parse(argv: list[str] | None) -> CompareSettings:
         pre.error(f"unknown --preset {known.preset!r}; known: {sorted(PRESETS)}")
     d = preset_defaults(known.preset)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    notes = field_comments(CompareSettings)  # each flag's help is its field's comment
     for f, v in asdict(d).items():
         ap.add_argument(f"--{f.replace('_', '-')}", type=parse_bool if isinstance(v, bool) else type(v), default=v,
+                        help=notes[f].replace("%", "%%") + " (default: %(default)s)",
                         **({"choices": ["", *PRESETS]} if f == "preset" else {}))
     return CompareSettings(**vars(ap.parse_args(argv)))
 

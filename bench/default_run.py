@@ -37,11 +37,11 @@ def rows(run_dir: Path) -> list[list[str]]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="the run directory `make run` wrote (runs/<date>-<time>)")
     p.add_argument("--command", required=True, help="what produced the run, as typed")
     p.add_argument("--wall", default="", help="its wall time, e.g. '4 min 26 s'")
-    p.add_argument("--note", default="")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--note", default="", help="a remark recorded with the result (the machine's load, …)")
+    p.add_argument("--out", type=Path, default=OUT, help="where the result's markdown, metrics and plot go")
     args = p.parse_args(argv)
     run = args.run_dir.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

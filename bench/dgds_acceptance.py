@@ -79,14 +79,14 @@ def generate_streams(model: str, n_prompts: int, group_size: int, max_tokens: in
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="embedded model preset (tiny, default) or a checkpoint directory")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=384)
+    ap.add_argument("--prompts", type=int, default=12, help="prompts (groups) of the built-in task")
+    ap.add_argument("--group-size", type=int, default=8, help="responses per prompt (G)")
+    ap.add_argument("--max-tokens", type=int, default=384, help="longest response, in tokens")
     ap.add_argument("--spec-tokens", type=int, default=8, help="gamma: tokens drafted per step")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--ngram-min", type=int, default=1)
-    ap.add_argument("--ngram-max", type=int, default=4)
-    ap.add_argument("--out", default="bench/results/dgds_acceptance")
+    ap.add_argument("--seed", type=int, default=7, help="seeds the prompts and the sampling")
+    ap.add_argument("--ngram-min", type=int, default=1, help="vLLM ngram proposer's prompt_lookup_min")
+    ap.add_argument("--ngram-max", type=int, default=4, help="vLLM ngram proposer's prompt_lookup_max")
+    ap.add_argument("--out", default="bench/results/dgds_acceptance", help="where the JSON, markdown and plot go")
     args = ap.parse_args(argv)
 
     from seer.model import resolve_model

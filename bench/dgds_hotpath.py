@@ -449,21 +449,21 @@ def markdown(res: dict) -> str:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", type=int, default=32)
-    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=32, help="groups of synthetic token streams")
+    ap.add_argument("--group-size", type=int, default=8, help="requests per group")
     ap.add_argument("--tokens", type=int, default=2000, help="tokens per request")
-    ap.add_argument("--depth", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=64, help="suffix-tree depth (max_depth)")
     ap.add_argument("--batch", type=int, default=16, help="tokens per request per update")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the synthetic streams")
     ap.add_argument("--repeats", type=int, default=5, help="tree appends: best of this many builds")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_hotpath")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_hotpath", help="where the JSON and markdown go")
     ap.add_argument("--arctic", nargs="?", const="", default=None, metavar="DIR",
                     help="also run ArcticInference's suffix tree side by side (DIR: put on sys.path first)")
     ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
                     help="with --arctic: this many interleaved rounds of ours vs ArcticInference's tree")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     streams = [group_streams(rng, args.group_size, args.tokens) for _ in range(args.groups)]
     prefixes = prefixes_of(streams, rng)

@@ -162,14 +162,14 @@ def _server_metrics(address: str, token: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--instances", type=int, default=64)
+    ap.add_argument("--instances", type=int, default=64, help="simulated instances feeding the draft server")
     ap.add_argument("--requests", type=int, default=100, help="requests decoding per instance (one per group)")
     ap.add_argument("--group-size", type=int, default=8, help="G: requests per group, each on its own instance")
     ap.add_argument("--tokens-per-s", type=float, default=50.0, help="decode speed of each request")
     ap.add_argument("--update-tokens", type=int, default=8, help="a request's tokens are sent once this many are unsent")
     ap.add_argument("--interval", type=float, default=0.05, help="seconds between an instance's messages (its fetch period)")
     ap.add_argument("--seconds", type=float, default=60.0, help="the timed window")
-    ap.add_argument("--warmup-s", type=float, default=10.0)
+    ap.add_argument("--warmup-s", type=float, default=10.0, help="seconds of load before the measured window")
     ap.add_argument("--generation-s", type=float, default=30.0, help="groups are replaced by new ones this often")
     ap.add_argument("--ttl", type=float, default=5.0, help="group TTL: memory must level off")
     ap.add_argument("--processes", type=int, default=1, help="load generator processes (instances split across them)")

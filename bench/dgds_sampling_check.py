@@ -95,15 +95,15 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--modes", default="uncorrected,corrected,none")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_sampling_check")
-    args = ap.parse_args()
+    ap.add_argument("--model", default="tiny", help="an embedded preset or a local HF checkpoint directory")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts of the built-in task")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per sample")
+    ap.add_argument("--modes", default="uncorrected,corrected,none", help="comma-separated modes (uncorrected, corrected, none)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dgds_sampling_check", help="where the JSON and markdown go")
+    args = ap.parse_args(argv)
 
     import tempfile
 

@@ -78,13 +78,13 @@ def _random_model(like: str, hidden: int, layers: int, heads: int, kv_heads: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--preset", default="tiny", help="the embedded model preset")
     ap.add_argument("--model", help="a local HF checkpoint instead of the embedded preset")
     ap.add_argument("--random-dims", metavar="HIDDEN,LAYERS,HEADS,KV_HEADS",
                     help="time a random-weight Qwen2 of these dims (prefill time does not depend on weights)")
-    ap.add_argument("--context", type=int, default=3073)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--kv-cache-bytes", type=int, default=256 * 2**20)
+    ap.add_argument("--context", type=int, default=3073, help="tokens of the random context that is prefilled, migrated and recomputed")
+    ap.add_argument("--repeats", type=int, default=3, help="measurements of each case")
+    ap.add_argument("--kv-cache-bytes", type=int, default=256 * 2**20, help="KV memory per instance, in bytes")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
 

@@ -185,7 +185,7 @@ def markdown(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the three configurations (default 5)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the comparison's JSON and markdown go")
     args = ap.parse_args(argv)
     from bench.compare import _prompts
     from seer.model import ensure_model

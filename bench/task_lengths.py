@@ -82,12 +82,12 @@ def reference_lengths(prompts: int, group_size: int, seed: int = 0) -> list[list
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.task_lengths", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=256, help="prompts of the built-in dataset (default config: 256)")
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--group-size", type=int, default=8, help="reference solutions per prompt (G)")
+    ap.add_argument("--seed", type=int, default=0, help="the built-in dataset's seed")
     ap.add_argument("--model", default="default", help="preset, checkpoint dir, or 'none' to skip sampling")
-    ap.add_argument("--model-prompts", type=int, default=32)
-    ap.add_argument("--model-group-size", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=2048)
+    ap.add_argument("--model-prompts", type=int, default=32, help="prompts the model samples responses for")
+    ap.add_argument("--model-group-size", type=int, default=4, help="model samples per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=2048, help="longest model response, in tokens")
     args = ap.parse_args(argv)
 
     from rich.console import Console

@@ -1,7 +1,6 @@
-"""`seer-bench`: the throughput benchmarks of a checkout (`bench/` next to the `seer` package).
+"""`seer-bench`: the benchmarks of a checkout (`bench/` next to the `seer` package).
 
-    seer-bench compare [flags of python -m bench.compare]   real instances, every configuration
-    seer-bench sim [flags of python -m bench.sim]           paper-scale ablation by simulation
+    seer-bench COMMAND [its flags]      seer-bench COMMAND --help says what each flag does
 
 The benchmarks are not part of the installed package (they need the repository's measured data
 and write results into it), so this entry point runs them from the checkout it was installed from.
@@ -12,13 +11,39 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-COMMANDS = {"compare": "bench.compare", "sim": "bench.sim.run"}
+# name -> (module, what it measures); each module's main(argv) takes the flags.
+COMMANDS = {
+    "compare": ("bench.compare", "real instances, every configuration of the ablation ladder (long)"),
+    "sim": ("bench.sim.run", "the paper-scale ablation by simulation"),
+    "sim-vs-real": ("bench.sim_vs_real", "the simulator against recorded real runs"),
+    "sim-calibrate": ("bench.sim.calibrate", "fit the simulator's step model to measured step times"),
+    "sim-measure-steps": ("bench.sim.measure_steps", "measure vLLM step times on this machine (long)"),
+    "sim-measure-chunks": ("bench.sim.measure_chunks", "measure the per-chunk cost on real instances (long)"),
+    "dgds-acceptance": ("bench.dgds_acceptance", "DGDS acceptance length by number of group references"),
+    "dgds-hotpath": ("bench.dgds_hotpath", "suffix-tree append and drafting cost per core"),
+    "dgds-e2e": ("bench.dgds_e2e", "grouped speculative decoding end to end on real instances (long)"),
+    "dgds-load": ("bench.dgds_load", "the draft server under many simulated instances"),
+    "dgds-sampling-check": ("bench.dgds_sampling_check", "speculative sampling against the target distribution"),
+    "kvpool-prefill": ("bench.kvpool_prefill", "prefix loads from the Mooncake pool vs re-prefill"),
+    "task-lengths": ("bench.task_lengths", "response lengths of the built-in task"),
+    "default-run": ("bench.default_run", "record a `make run` run directory as a result"),
+    "trace-sizes": ("bench.trace_sizes", "sizes of the per-iteration chunk timelines"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"    {name:<{width}}  {what} (python -m {module})" for name, (module, what) in COMMANDS.items())
+    return f"{__doc__.strip()}\n\ncommands:\n{rows}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        print(__doc__.strip(), file=sys.stderr)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"seer-bench: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
     root = Path(__file__).resolve().parents[1]
     if not (root / "bench" / "configs.py").exists():
@@ -28,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(root))
     import importlib
 
-    return int(importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]) or 0)
+    return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --run-dir")
     p.add_argument("--run-dir", help="where metrics, logs and checkpoints go (overrides run_dir; "
                                      "default: a new runs/<date>-<time>, runs/latest points at the newest)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every config key with its value (the defaults, with -c and --set applied) and "
+                        "what it does, as YAML to start a config file from; then exit")
     return p.parse_args(argv)
 
 
@@ -31,7 +34,7 @@ def _raise_interrupt(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
-    if not args.sync:
+    if not args.sync and not args.print_config:
         console.print("[red]seer-run: only synchronous on-policy training is supported; pass --sync[/]")
         return 2
     from seer.config import ConfigError, load_config
@@ -48,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         console.print(f"[red]seer-run: invalid configuration: {e}[/]")
         return 2
+    if args.print_config:
+        from seer.config_help import render
+
+        sys.stdout.write(render(cfg))
+        return 0
     # SIGTERM behaves like Ctrl-C: unwind, so the instance pool shuts down.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     from seer import loop

@@ -25,6 +25,7 @@ from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.trainer.config import TrainerConfig
+from seer.watch.config import LoggingConfig
 
 
 class ConfigError(ValueError):
@@ -41,26 +42,26 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    groups_per_iteration: int = 16
-    group_size: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 2048
+    groups_per_iteration: int = 16  # prompts per iteration (GRPO groups)
+    group_size: int = 16  # samples per prompt (G)
+    temperature: float = 1.0  # sampling temperature of the rollout
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    top_k: int = -1  # top-k sampling (-1: off)
+    max_tokens: int = 2048  # longest response, in tokens
     # Per-request sampling seeds (derived from this, the request id and the chunk index). None on
     # CPU: vLLM 0.32's CPU runner crashes ("CPU Generator does not use offset") when a seeded
     # request's prefill is split across steps, which long chunked contexts under load do.
     sampling_seed: int | None = None
-    reward_workers: int = 2
+    reward_workers: int = 2  # rewards computed at once (threads, or processes with reward_mode: process)
     # One iteration's rollout (seer.rollout.divided.RolloutFunction); a multi-turn or custom
     # rollout plugs in here by path.
     function: str = "seer.rollout.divided:divided_rollout"
-    reward_error_policy: Literal["zero", "abort"] = "zero"
+    reward_error_policy: Literal["zero", "abort"] = "zero"  # a raising reward: score 0 and go on, or abort
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
     # the GIL, in as many spawned processes. A call past reward_timeout_s (None: no limit) scores
     # as a reward error (0, or the iteration aborts, by reward_error_policy) instead of stalling.
     reward_mode: Literal["thread", "process"] = "thread"
-    reward_timeout_s: float | None = None
+    reward_timeout_s: float | None = None  # per reward call; past it the sample is a reward error (None: no limit)
 
     def reward_runner(self, reward: str, decode=None) -> RewardRunner:
         """The RewardRunner these `rollout.reward_*` settings describe, for `reward` ("module:function")."""
@@ -71,9 +72,9 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    enabled: bool = True
+    enabled: bool = True  # false: rollout and reward only (no trainer, no weight updates)
     checkpoint_every: int = 1  # iterations between checkpoints (what --resume continues from)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
 
 
 # GRPO step size for the embedded 3M-parameter model: an LLM's 1e-6 would leave it untouched, and
@@ -86,8 +87,8 @@ class RunConfig:
     # None: a new runs/<date>-<time> per run (runs/latest points at it); a directory that already
     # holds a run is refused unless the run resumes it or overwrites it (seer.rundir).
     run_dir: str | None = None
-    seed: int = 0
-    iterations: int = 5
+    seed: int = 0  # seeds the prompt order of user datasets and the instances' sampling
+    iterations: int = 5  # rollout + training steps to run (a resumed run continues up to this many)
     model: ModelConfig = field(default_factory=ModelConfig)
     # The embedded default trains on a fixed 16-prompt set (every iteration, all of it), so that
     # iterations differ by the policy and the sampling, not by which prompts they drew. A user
@@ -104,6 +105,7 @@ class RunConfig:
     # Tuned for the embedded default model; a user checkpoint (model.path) falls back to
     # TrainerConfig's own defaults, which suit LLMs, unless the config sets these keys.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(**EMBEDDED_MODEL_TRAINER))
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -323,3 +325,5 @@ def validate(cfg: RunConfig) -> None:
     except (DatasetError, RewardSpecError) as e:
         raise ConfigError(str(e)) from None
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
+    for key, why in cfg.logging.problems():
+        raise ConfigError(f"config key {key!r}: {why}")

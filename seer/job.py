@@ -25,6 +25,7 @@ from seer.rundir import RunDir, atomic_write_text, resolve_run_dir
 from seer.scheduler import SchedulerConfig
 from seer.tasks import RewardRunner, Task, encode_prompts, load_task, max_context_of
 from seer.types import PromptSpec, RolloutBatch, SamplingParams, WeightsRef
+from seer.watch.progress import step
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Job:
 
         rollout_fn = resolve(cfg.rollout.function, key="rollout.function")
         run = RunDir(resolve_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite))
-        with console.status("Preparing the model (first use builds and warm-starts the embedded default)"):
+        with step(console, "Preparing the model (first use builds and warm-starts the embedded default)",
+                  cfg.logging.progress_interval_s):
             model_dir = resolve_model(cfg.model.path or cfg.model.preset, progress=False)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
@@ -76,7 +78,7 @@ class Job:
             self.metrics.path.unlink()
         trainer, version = None, ckpt.weight_version if ckpt else 0
         if self.cfg.train.enabled:
-            with self.console.status("Loading the policy into the Megatron trainer"):
+            with step(self.console, "Loading the policy into the Megatron trainer", self.cfg.logging.progress_interval_s):
                 from seer.trainer import Trainer
 
                 pad = self.tokenizer.pad_token_id or 0
@@ -98,7 +100,8 @@ class Job:
         if cfg.instances.urls:
             return Fleet.attach(list(cfg.instances.urls), notify)
         n = cfg.instances.count
-        with self.console.status(f"Starting {n} vLLM instances (logs in {self.run.path / 'logs'})"):
+        with step(self.console, f"Starting {n} vLLM instances (logs in {self.run.path / 'logs'})",
+                  cfg.logging.progress_interval_s):
             fleet = await Fleet.launch(
                 cfg.instances, cfg.kvpool, cfg.dgds,
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
@@ -144,21 +147,33 @@ class Job:
         }) + "\n" for s in batch.samples))
 
     @contextlib.contextmanager
-    def progress(self, iteration: int, total: int, log_every_s: float = 10.0):
-        """A progress bar for one rollout (and a line in run.log every `log_every_s`); yields the
-        callback the scheduler calls."""
+    def progress(self, iteration: int, total: int, log_every_s: float = 10.0, also=None):
+        """A progress bar for one rollout (plain lines every logging.progress_interval_s when
+        stdout is not a terminal), a line in run.log every `log_every_s`; yields the callback the
+        scheduler calls (which also calls `also`, e.g. the live metrics)."""
+        last, shown = [0.0], [f"0/{total} samples"]
+
+        def report(p) -> str:
+            rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
+            info = f"{p.output_tokens} tok, {rate:.0f} tok/s, {p.running_chunks} running"
+            shown[0] = f"{p.finished}/{total} samples, {info}"
+            if time.monotonic() - last[0] >= log_every_s or p.finished == total:
+                last[0] = time.monotonic()
+                self.run.log(f"rollout {iteration}: {shown[0]}")
+            if also is not None:
+                also(p)
+            return info
+
+        if not self.console.is_terminal:
+            with step(self.console, f"rollout {iteration}", self.cfg.logging.progress_interval_s, lambda: shown[0]):
+                yield report
+            return
         with Progress(TextColumn(f"rollout {iteration}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task("rollout", total=total, info="")
-            last = [0.0]
 
             def on_progress(p):
-                rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
-                info = f"{p.output_tokens} tok, {rate:.0f} tok/s, {p.running_chunks} running"
-                bar.update(task, completed=p.finished, info=info)
-                if time.monotonic() - last[0] >= log_every_s or p.finished == total:
-                    last[0] = time.monotonic()
-                    self.run.log(f"rollout {iteration}: {p.finished}/{total} samples, {info}")
+                bar.update(task, completed=p.finished, info=report(p))
 
             yield on_progress

@@ -19,6 +19,7 @@ from seer.job import Job
 from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
 from seer.rollout.divided import RolloutContext, RolloutRequest
 from seer.tasks import iteration_prompts
+from seer.watch.run import RunWatch
 
 
 def run(cfg: RunConfig, console: Console | None = None, *, resume: bool = False, overwrite: bool = False) -> list[dict]:
@@ -40,33 +41,36 @@ async def _iterate(job: Job) -> list[dict]:
     if start >= cfg.iterations:
         console.print(f"nothing to do: {start} of {cfg.iterations} iterations already done")
         return records
-    async with await job.start_fleet() as fleet:
-        if trainer is not None:  # serve the weights this run starts from (a checkpoint's, or the base model's)
-            await fleet.ensure_version(job.export_weights(trainer, version) if version > 0 else job.base_weights())
-        with job.reward_runner() as rewards:
-            for it in range(start, cfg.iterations):
-                record, version = await _one_iteration(job, fleet, rewards, trainer, it, version)
-                records.append(record)
+    with RunWatch(cfg.logging, job.run.path, console, config=cfg.to_dict(), start_step=start, log=job.run.log) as watch:
+        async with await job.start_fleet() as fleet:
+            if trainer is not None:  # serve the weights this run starts from (a checkpoint's, or the base model's)
+                await fleet.ensure_version(job.export_weights(trainer, version) if version > 0 else job.base_weights())
+            with job.reward_runner() as rewards:
+                for it in range(start, cfg.iterations):
+                    record, version = await _one_iteration(job, fleet, rewards, trainer, it, version, watch)
+                    records.append(record)
     return records
 
 
-async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: int) -> tuple[dict, int]:
+async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: int, watch: RunWatch) -> tuple[dict, int]:
     cfg, console = job.cfg, job.console
     await fleet.prepare_rollout(version if trainer is not None else None)  # strictly on-policy, or no rollout
     prompts = iteration_prompts(job.prompts, it, cfg.rollout.groups_per_iteration, seed=cfg.seed)
     request = RolloutRequest(it, prompts, cfg.rollout.group_size, job.sampling(), version)
-    with job.progress(it, len(prompts) * cfg.rollout.group_size) as on_progress:
+    watch.begin_iteration(it, len(prompts) * cfg.rollout.group_size)
+    with watch.phase("rollout"), job.progress(it, len(prompts) * cfg.rollout.group_size,
+                                               also=watch.rollout_progress) as on_progress:
         context = RolloutContext(fleet.backends, job.scheduler_config(fleet), rewards, on_progress)
         batch = await job.rollout_fn(context, request)
     fleet.absorb_rollout_drops(batch.stats.extra.get("instances_dropped", []))
     job.write_rollouts(batch, it)
     extra = {"reward_error_total": rewards.stats.errors, "weight_version": version}
     if trainer is not None:
-        with console.status(f"training on iteration {it}"):
+        with watch.phase("training", f"training on iteration {it}"):
             tm = await asyncio.to_thread(trainer.train_step, batch)
         version = trainer.iteration
         extra.update(tm.record())
-        with console.status(f"loading weight version {version} into the instances"):
+        with watch.phase("weight push", f"loading weight version {version} into the instances"):
             t0 = time.monotonic()
             await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version))
             extra["weight_sync_s"] = time.monotonic() - t0
@@ -74,6 +78,7 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
     # two leaves a record that --resume truncates, never a checkpoint whose iteration has no record.
     record = iteration_record(batch, extra)
     job.metrics.append(record)
+    watch.end_iteration(it, record, batch, version, job.run.rollout_file(it))
     if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == cfg.iterations:
         job.run.commit_checkpoint(it, version, cfg.train.keep_checkpoints,
                                   trainer.save_checkpoint if trainer is not None else None)

@@ -145,6 +145,12 @@ class RolloutBatch:
 
     samples: list[Sample]
     stats: IterationStats
+    # The rollout's raw timeline, for the iteration's trace (seer.watch.trace), on the driver's
+    # monotonic clock: the scheduler's chunk events (seer.scheduler.events.ChunkEvent), the
+    # instances' telemetry samples and named phases (name, start, end). Empty if a rollout keeps none.
+    chunks: list = field(default_factory=list)
+    telemetry: list[Telemetry] = field(default_factory=list)
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
 
     def groups(self) -> dict[int, list[Sample]]:
         out: dict[int, list[Sample]] = {}

@@ -19,12 +19,13 @@ LAYERS = {
     "scheduler": 1, "dgds": 1, "kvpool": 1, "tasks": 1, "model": 1,
     "fleet": 2, "trainer": 2,
     "rollout": 3,
-    "config": 4, "rundir": 4, "metrics_log": 4, "job": 4, "loop": 4, "cli": 4, "bench_cli": 4,
+    "config": 4, "rundir": 4, "metrics_log": 4, "job": 4, "loop": 4, "cli": 4, "bench_cli": 4, "watch": 4, "config_help": 4,
 }
 # Imports between parts of one layer that the design allows: the ground's helpers read and write
 # the shared records; the embedded model is warm-started on the built-in task.
 ALLOWED_SIDEWAYS = {("procs", "types"), ("model", "tasks")}
-HEAVY = ("grpc", "mooncake", "vllm", "torch", "transformers", "aiohttp", "megatron", "ray")
+HEAVY = ("grpc", "mooncake", "vllm", "torch", "transformers", "aiohttp", "megatron", "ray",
+         "tensorboard", "wandb", "mlflow", "prometheus_client")  # trackers load only when a run turns them on
 
 
 def _part(module: str) -> str | None:
@@ -100,7 +101,8 @@ def test_the_package_graph_has_no_cycle():
 
 
 @pytest.mark.parametrize("module", ["seer.config", "seer.scheduler", "seer.types", "seer.tasks", "seer.plugins",
-                                    "seer.rundir", "seer.dgds.server.config", "seer.kvpool.config"])
+                                    "seer.rundir", "seer.dgds.server.config", "seer.kvpool.config",
+                                    "seer.watch.run"])
 def test_light_modules_import_nothing_heavy(module):
     code = (f"import sys, {module}\n"
             f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"

@@ -72,8 +72,8 @@ def calibrate(settings: SimSettings, seeds: list[int], lo: float = 150_000, hi: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2,3")
-    ap.add_argument("--out", default="bench/results/sim")
+    ap.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds the simulated baseline's preemptions are averaged over")
+    ap.add_argument("--out", default="bench/results/sim", help="where the calibration's JSON and markdown go")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     fit = load()

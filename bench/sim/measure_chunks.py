@@ -60,13 +60,13 @@ def refit(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--model", default="tiny", help="an embedded preset or a local HF checkpoint directory")
     ap.add_argument("--batches", default="4,16,48", help="requests per instance")
     ap.add_argument("--tokens", type=int, default=1024, help="every request's length")
     ap.add_argument("--chunks", default="2048,512,256,128", help="chunk sizes (the first: one chunk)")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--repeats", type=int, default=2, help="measurements of each point")
+    ap.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the chunk-costs JSON to write")
     ap.add_argument("--refit", action="store_true", help="only redo the fit of the saved --out")
     args = ap.parse_args(argv)
     if args.refit:

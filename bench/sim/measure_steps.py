@@ -71,15 +71,15 @@ async def measure(client, batches, prompt_lens, n1: int, n2: int, repeats: int, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--cpus", default="0")
-    ap.add_argument("--batches", default="1,2,4,8,16,32,64")
-    ap.add_argument("--prompt-lens", default="16,512")
-    ap.add_argument("--prefill-lens", default="64,512,1024,2048")
-    ap.add_argument("--n1", type=int, default=32)
-    ap.add_argument("--n2", type=int, default=160)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--model", default="tiny", help="an embedded preset or a local HF checkpoint directory")
+    ap.add_argument("--cpus", default="0", help="the CPU cores the one vLLM instance is pinned to")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64", help="comma-separated batch sizes B")
+    ap.add_argument("--prompt-lens", default="16,512", help="comma-separated prompt lengths P of the decode series")
+    ap.add_argument("--prefill-lens", default="64,512,1024,2048", help="comma-separated prompt lengths of the prefill series")
+    ap.add_argument("--n1", type=int, default=32, help="new tokens of the shorter run (N1)")
+    ap.add_argument("--n2", type=int, default=160, help="new tokens of the longer run (N2); a step is (wall(N2) - wall(N1)) / (N2 - N1)")
+    ap.add_argument("--repeats", type=int, default=2, help="measurements of each point")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the step-times JSON to write")
     args = ap.parse_args(argv)
 
     from seer.model import ensure_model

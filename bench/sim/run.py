@@ -35,7 +35,7 @@ TOLERANCE = 0.25  # the issue's bar: full Seer vs baseline within +-25% of the p
 
 
 def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSettings, configs,
-                 overrides: dict | None = None) -> dict:
+                 overrides: dict | None = None, trace_dir: Path | None = None) -> dict:
     w = PAPER_WORKLOADS[name]
     if overrides:
         w = replace(w, **overrides)
@@ -44,7 +44,10 @@ def run_scenario(name: str, scale: float, seeds: list[int], settings: SimSetting
     per_seed: list[dict[str, SimRun]] = []
     for seed in seeds:
         hidden = w.hidden_lengths(seed)
-        per_seed.append({c.name: simulate(w, c, hidden, settings, seed) for c in configs})
+        per_seed.append({c.name: simulate(w, c, hidden, settings, seed,
+                                          trace_to=trace_dir / f"{name}_{c.name}.trace.json"
+                                          if trace_dir is not None and seed == seeds[0] else None)
+                         for c in configs})
     rows = {}
     for c in configs:
         runs = [s[c.name] for s in per_seed]
@@ -155,12 +158,12 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS))
-    ap.add_argument("--configs", default="all")
+    ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS), help="comma-separated paper workloads to simulate (default: all of %(default)s)")
+    ap.add_argument("--configs", default="all", help="comma-separated configurations of the ladder (bench.configs), or all")
     ap.add_argument("--scale", type=float, default=None,
                     help="fraction of the paper's instances and requests (default: per scenario, DEFAULT_SCALE)")
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--step-times", default=str(STEP_TIMES))
+    ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; each draws the workload's lengths anew")
+    ap.add_argument("--step-times", default=str(STEP_TIMES), help="measured step times the 'measured' step model is fitted to")
     ap.add_argument("--step-model", choices=("measured", "roofline"), default="roofline",
                     help="roofline (default): from the paper's model and GPU sizes (bench/sim/hardware.py); "
                          "measured: fitted to --step-times (this machine's vLLM on a CPU core)")
@@ -171,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="set a SchedulerConfig field for every configuration (e.g. early_packing=true); "
                          "needs --tag")
     ap.add_argument("--tag", default=None, help="write sim_ablation[_roofline]_TAG.* instead")
-    ap.add_argument("--out", default="bench/results/sim")
+    ap.add_argument("--out", default="bench/results/sim", help="directory for the results' JSON and markdown")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="also write each scenario's and configuration's timeline (first seed) as "
+                         "DIR/<scenario>_<config>.trace.json, the format seer-run writes per iteration")
     args = ap.parse_args(argv)
     overrides = parse_overrides(args.set)
     scheduler = parse_scheduler(args.sched)
@@ -191,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.scenarios.split(","):
         t0 = time.perf_counter()
         scale = args.scale if args.scale is not None else DEFAULT_SCALE.get(name, 1.0)
-        res = run_scenario(name, scale, seeds, settings, configs, overrides)
+        res = run_scenario(name, scale, seeds, settings, configs, overrides,
+                           Path(args.trace) if args.trace else None)
         if roofline:
             w = PAPER_WORKLOADS[name]
             res["step_model"] = describe_roofline(name, w.gpus_per_instance, dp_ranks=w.dp_ranks)

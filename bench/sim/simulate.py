@@ -13,6 +13,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from seer.types import Telemetry
 from seer.rollout.divided import stats_from_result
@@ -21,6 +22,7 @@ from seer.scheduler import SchedulerConfig
 from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
+from seer.watch.trace import build_trace, write_trace
 
 from bench.configs import BenchConfig
 from bench.sim.chunk_model import ChunkCost
@@ -99,8 +101,10 @@ def _references(disp: Dispatcher, ticket: ChunkTicket) -> int:
 
 
 def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, int], settings: SimSettings,
-             seed: int = 0, oracle_lengths: dict[LengthKey, int] | None = None) -> SimRun:
+             seed: int = 0, oracle_lengths: dict[LengthKey, int] | None = None, trace_to: Path | None = None) -> SimRun:
     """One iteration of `workload` under `config`; `hidden` are the real-token target lengths.
+    `trace_to`: also write the iteration's chunk timeline there, in the format seer-run writes
+    (seer.watch.trace), so simulated and real schedules open side by side in one viewer.
 
     Only the oracle policy is handed lengths (through make_policy, which refuses them to any
     other policy): `oracle_lengths`, by default the true ones. The instances use `hidden` to know
@@ -192,6 +196,10 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     result = RolloutResult(policy.name, sorted(disp.samples, key=lambda s: (s.group_id, s.sample_index)),
                            list(disp.events), telemetry, 0.0, now, policy.summary())
     stats = stats_from_result(result, 0, names)
+    if trace_to is not None:
+        write_trace(trace_to, build_trace(result.chunks, telemetry, [("generate", 0.0, now)], instances=names,
+                                          metadata={"simulated": workload.name, "config": config.name,
+                                                    "token_unit": u, "seed": seed}))
     # Report tokens in real units, whatever the simulator's granularity.
     stats.output_tokens *= u
     stats.tokens_per_s *= u

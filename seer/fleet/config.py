@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class InstancesConfig:
-    count: int = 2
+    count: int = 2  # vLLM instances to launch (one CPU core or GPU set each)
     urls: list[str] = field(default_factory=list)  # connect to running servers instead of launching
     kv_cache_bytes: int | None = 256 * 2**20  # per instance; CPU RAM reserved for KV blocks
-    max_num_seqs: int = 256
-    startup_timeout_s: float = 600.0
-    extra_args: list[str] = field(default_factory=list)
+    max_num_seqs: int = 256  # vLLM's --max-num-seqs: requests an instance runs at once
+    startup_timeout_s: float = 600.0  # how long launched instances may take to answer /health
+    extra_args: list[str] = field(default_factory=list)  # more vLLM server arguments for launched instances
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -33,10 +33,10 @@ class ClusterConfig:
     address: str | None = None  # host:port of a running cluster's GCS; RAY_ADDRESS works too
     node_ip: str | None = None  # this machine's address in the cluster; None: 127.0.0.2 when started here
     placement_strategy: str = "PACK"  # one bundle per instance: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
-    cpus_per_instance: int = 1
-    gpus_per_instance: int = 0
+    cpus_per_instance: int = 1  # CPUs in each instance's bundle (its share of its node's cores)
+    gpus_per_instance: int = 0  # GPUs in each instance's bundle (Ray sets its CUDA_VISIBLE_DEVICES)
     connect_timeout_s: float = 60.0  # ray.init has no timeout of its own
-    placement_timeout_s: float = 120.0
+    placement_timeout_s: float = 120.0  # how long the placement group may wait for free resources
 
     def __post_init__(self) -> None:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:

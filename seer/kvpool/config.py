@@ -18,7 +18,7 @@ MIN_SEGMENT_BYTES = 16 * MiB  # mooncake_client refuses a smaller global segment
 
 @dataclass(frozen=True)
 class KVPoolConfig:
-    enabled: bool = True
+    enabled: bool = True  # the Mooncake KV pool: migrated chunks load their prefix instead of re-prefilling
     # None: launch mooncake_master here (127.0.0.1, free ports). "host:port": join that master.
     master_address: str | None = None
     # HTTP metadata server URL of an existing master, e.g. "http://10.0.0.1:8080/metadata".
@@ -30,12 +30,12 @@ class KVPoolConfig:
     capacity_bytes: int = 4096 * MiB
     # Per-instance staging buffer Mooncake registers for transfers (must be > 0).
     local_buffer_bytes: int = 64 * MiB
-    protocol: Literal["tcp", "rdma"] = "tcp"
+    protocol: Literal["tcp", "rdma"] = "tcp"  # Mooncake transfer protocol
     device_name: str = ""  # RDMA NIC names for protocol "rdma"; unused on tcp
     # Eviction (mooncake_master): start evicting when the pool is this full, and evict this
     # share of objects each time. A full pool then drops old prefixes: those chunks re-prefill.
     eviction_high_watermark: float = 0.9
-    eviction_ratio: float = 0.05
+    eviction_ratio: float = 0.05  # share of objects evicted each time the high watermark is reached
     # How long (ms) an object read is protected from eviction (mooncake_master default_kv_lease_ttl).
     kv_lease_ttl_ms: int = 10_000
     # Seconds a store client stays alive without heartbeat before the master unmounts its memory.
@@ -45,7 +45,7 @@ class KVPoolConfig:
     save_decode_cache: bool = True
     # Keys carry neither dtype nor the model's full path; None derives a prefix from both.
     cache_prefix: str | None = None
-    ready_timeout_s: float = 60.0
+    ready_timeout_s: float = 60.0  # how long the launched master and store may take to start
 
     def __post_init__(self) -> None:
         if self.master_address is not None and not self.metadata_server:

@@ -9,6 +9,7 @@ iteration's statistics into a typed RolloutBatch.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -67,7 +68,9 @@ async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
     )
     await ctx.rewards.wait_all()
     names = [b.name for b in ctx.backends]
-    return RolloutBatch(samples=result.samples, stats=stats_from_result(result, req.iteration, names))
+    phases = [("generate", result.start_time, result.end_time), ("reward tail", result.end_time, time.monotonic())]
+    return RolloutBatch(samples=result.samples, stats=stats_from_result(result, req.iteration, names),
+                        chunks=result.chunks, telemetry=result.telemetry, phases=phases)
 
 
 def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -> IterationStats:

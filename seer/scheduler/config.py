@@ -19,9 +19,9 @@ class SchedulerConfig:
     # (its `config_keys`, such as context's starvation_after); checked against its signature at load.
     policy_args: dict[str, Any] = field(default_factory=dict)
     chunk_size: int = 8192  # tokens per chunk (ignored by group_rr, which never chunks)
-    kv_budget_fraction: float = 0.95
-    block_size: int = 16
-    affinity_gap_tokens: int = 512
+    kv_budget_fraction: float = 0.95  # share of an instance's KV slots the scheduler may reserve
+    block_size: int = 16  # KV block in tokens: reservations are whole blocks (instances' telemetry overrides it)
+    affinity_gap_tokens: int = 512  # a chunk leaves its prefix's instance only for this many more free KV tokens
     affinity_gap_fraction: float = 0.25  # of the prefix instance's KV capacity; the larger gap applies
     max_running: int | None = None  # per instance; the only admission bound if KV capacity is unknown
     kv_pool: bool = True  # a KV pool serves migrated prefixes (False: moving recomputes, so chunks stay; placement.py)
@@ -34,7 +34,7 @@ class SchedulerConfig:
     # context: chunks carry engine priorities (least progress = preempted first); the instances must run
     # vLLM's priority scheduling (`--scheduling-policy priority`: seer-run starts its instances so with this on)
     engine_priority: bool = False
-    telemetry_interval_s: float = 0.5
+    telemetry_interval_s: float = 0.5  # how often the driver reads every instance's /metrics
     max_chunk_retries: int = 3  # failed or aborted chunks of one request before the rollout fails
     # An instance with chunks in flight that answers nothing (no telemetry, no completed chunk) for
     # this long is dropped as hung; its chunks continue elsewhere.

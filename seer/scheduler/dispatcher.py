@@ -71,6 +71,7 @@ class Dispatcher:
         self.dropped: list[tuple[str, str, float]] = []  # (instance, why, when)
         self.samples: list[Sample] = []
         self.output_tokens = 0
+        self.chunks_migrated = 0  # completed chunks that ran elsewhere than their request's previous one
         for req in self.buffer.ready():
             policy.on_ready(req)
 
@@ -148,6 +149,7 @@ class Dispatcher:
             )
         finished = self.buffer.end_chunk(req, result.token_ids, result.logprobs, result.finish_reason, now)
         self.output_tokens += len(result.token_ids)
+        self.chunks_migrated += ticket.migrated
         self.events.append(self._event(
             ticket, now, cached_prefix_tokens=result.cached_prefix_tokens, new_tokens=len(result.token_ids),
             finish_reason=result.finish_reason, engine_start_time=result.start_time,

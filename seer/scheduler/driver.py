@@ -183,7 +183,10 @@ class RolloutDriver:
                 if on_progress is not None:
                     on_progress(
                         Progress(disp.buffer.num_finished, len(disp.buffer), len(pending),
-                                 disp.output_tokens, self.clock() - start)
+                                 disp.output_tokens, self.clock() - start,
+                                 queued=len(disp.buffer) - disp.buffer.num_finished - disp.buffer.num_running,
+                                 migrated=disp.chunks_migrated,
+                                 instances=tuple((l.name, l.kv_usage, l.running) for l in disp.loads))
                     )
             end = self.clock()
             if callbacks:

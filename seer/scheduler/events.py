@@ -41,3 +41,6 @@ class Progress:
     running_chunks: int
     output_tokens: int
     elapsed_s: float
+    queued: int = 0  # requests waiting for their next chunk
+    migrated: int = 0  # chunks so far that ran on another instance than their request's previous chunk
+    instances: tuple[tuple[str, float, int], ...] = ()  # (name, KV usage, our chunks running there)

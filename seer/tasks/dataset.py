@@ -62,14 +62,14 @@ class TaskConfig:
     """What the run config says about the task: a user task (`dataset` or `loader`, and then a
     `reward`), or the built-in `name` when neither is set."""
 
-    name: str = "running_sum"
+    name: str = "running_sum"  # the built-in task (used when neither dataset nor loader is set)
     dataset: str | None = None  # path of a JSONL file; then `reward` is required
     # "module:function" returning the dataset's records (a list of mappings shaped like JSONL lines),
     # called with `loader_args` as keywords; instead of `dataset`, and `reward` is required
     loader: str | None = None
-    loader_args: dict[str, Any] = field(default_factory=dict)
+    loader_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of `loader`
     reward: str | None = None  # "module:function"; defaults to the built-in task's reward
-    prompt_field: str = "prompt"
+    prompt_field: str = "prompt"  # the key of each record that holds the prompt text
     # For records with `messages`: a jinja chat template, or the path of a file holding one; None:
     # the tokenizer's own (an error if it has none)
     chat_template: str | None = None

@@ -11,22 +11,22 @@ KLEstimator = Literal["k1", "k3"]
 
 @dataclass
 class TrainerConfig:
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
+    lr: float = 1e-6  # Adam learning rate
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam betas
+    adam_eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 0.0  # applied to matrices only, never to norms or biases
-    max_grad_norm: float = 1.0
-    clip_eps_low: float = 0.2
+    max_grad_norm: float = 1.0  # gradient clipping by global norm
+    clip_eps_low: float = 0.2  # PPO/GRPO ratio clip below 1 (and above, unless clip_eps_high)
     clip_eps_high: float | None = None  # None: symmetric clipping
-    loss_agg: AggMode = "token-mean"
-    old_logprobs: Literal["recomputed", "rollout"] = "recomputed"
-    normalize_adv_std: bool = True
+    loss_agg: AggMode = "token-mean"  # average the loss over all tokens, or per sequence then over sequences
+    old_logprobs: Literal["recomputed", "rollout"] = "recomputed"  # the ratio's old log-probs: the trainer's own or vLLM's
+    normalize_adv_std: bool = True  # divide group advantages by the group's reward std
     kl_coef: float = 0.0  # > 0 keeps a frozen copy of the initial weights as the reference
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = "k3"  # KL penalty estimator (with kl_coef > 0)
     entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus
     mini_batches: int = 1  # optimizer steps per train_step
     max_tokens_per_micro_batch: int = 8192  # padded tokens per forward/backward
     temperature: float = 1.0  # must match how the rollout's logprobs were computed
-    params_dtype: str = "float32"
-    pad_token_id: int = 0
-    seed: int = 0
+    params_dtype: str = "float32"  # the trainer's parameter dtype
+    pad_token_id: int = 0  # set from the tokenizer by seer-run
+    seed: int = 0  # the trainer's random seed

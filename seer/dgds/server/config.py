@@ -13,14 +13,14 @@ TOKEN_ENV = "SEER_DGDS_TOKEN"
 
 @dataclass(frozen=True)
 class DGDSConfig:
-    enabled: bool = False
+    enabled: bool = False  # grouped speculative decoding: a draft server and the DGDS proposer in every instance
     address: str | None = None  # host:port of a running `seer-dgds serve`; None launches one here
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # where a launched draft server binds
     num_speculative_tokens: int = 8  # gamma_max
     mode: Literal["group", "request"] = "group"  # request: per-request-only drafting (ablation)
     adaptive: bool = True  # Algorithm 1 draft lengths; False: always gamma_max
-    max_depth: int = 64
-    ready_timeout_s: float = 60.0
+    max_depth: int = 64  # suffix-tree depth: the longest context a draft is matched on
+    ready_timeout_s: float = 60.0  # how long a launched draft server may take to start
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:

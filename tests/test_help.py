@@ -1,0 +1,66 @@
+"""Help that teaches: `seer-bench` reaches every benchmark, and every flag of `seer-run` and of
+each benchmark says what it does."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seer.bench_cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ is not installed: the checkout's
+
+
+class _Parsed(Exception):
+    pass
+
+
+def parser_of(main, monkeypatch) -> argparse.ArgumentParser:
+    """The parser a command's main() builds, caught at its parse_args (nothing runs)."""
+    def catch(self, args=None, namespace=None):
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    with pytest.raises(_Parsed) as got:
+        main([])
+    return got.value.args[0]
+
+
+def _undocumented(p: argparse.ArgumentParser) -> list[str]:
+    return ["/".join(a.option_strings) or a.dest for a in p._actions
+            if not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip())]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_flag_of_every_benchmark_has_a_help_text(name, monkeypatch):
+    p = parser_of(importlib.import_module(COMMANDS[name][0]).main, monkeypatch)
+    assert _undocumented(p) == []
+    assert "--help" in p.format_help()  # help strings format (no stray %)
+
+
+def test_every_benchmark_module_with_a_command_line_is_a_seer_bench_command():
+    modules = {m for m, _ in COMMANDS.values()}
+    with_main = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "bench").rglob("*.py")
+                 if "def main(argv" in p.read_text() and "add_argument" in p.read_text()}
+    assert with_main - modules == set()
+
+
+def test_seer_run_flags_have_help_texts(monkeypatch):
+    from seer import cli
+
+    p = parser_of(cli.parse_args, monkeypatch)
+    assert _undocumented(p) == []
+
+
+def test_seer_bench_lists_its_commands_and_runs_one_with_help():
+    r = subprocess.run([sys.executable, "-m", "seer.bench_cli"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and all(f"    {name} " in r.stdout for name in COMMANDS), r.stdout
+    r = subprocess.run([sys.executable, "-m", "seer.bench_cli", "dgds-hotpath", "--help"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "--group-size" in r.stdout and "requests per group" in r.stdout, r.stderr
