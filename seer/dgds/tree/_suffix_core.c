@@ -1717,7 +1717,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
                 PyErr_SetString(PyExc_TypeError, "sync_packed: groups must map ids to (state, core, index, pending, names)");
                 goto done;
             }
-            entry[i] = e;
+            entry[i] = Py_NewRef(e); /* (held: state.apply below runs Python) */
             gtree[i] = (Tree *)PyTuple_GET_ITEM(e, 1);
             PREFETCH(gtree[i]);
         }
@@ -2006,6 +2006,8 @@ done:
         for (Py_ssize_t i = 0; i < ng; i++) Py_XDECREF(gkeys[i]);
     if (rkeys)
         for (Py_ssize_t k = 0; k < n; k++) Py_XDECREF(rkeys[k]);
+    if (entry)
+        for (Py_ssize_t i = 0; i < ng; i++) Py_XDECREF(entry[i]);
     for (Py_ssize_t j = 0; j < nnames; j++) Py_DECREF(names[j]);
     PyMem_Free(gkeys), PyMem_Free(rkeys), PyMem_Free(names), PyMem_Free(entry), PyMem_Free(gtree), PyMem_Free(ftree);
     PyMem_Free(r.gids), PyMem_Free(r.rids);
