@@ -28,6 +28,7 @@ COMMANDS = {
     "task-lengths": ("bench.task_lengths", "response lengths of the built-in task"),
     "default-run": ("bench.default_run", "record a `make run` run directory as a result"),
     "trace-sizes": ("bench.trace_sizes", "sizes of the per-iteration chunk timelines"),
+    "cluster-compare": ("bench.cluster_compare", "one Ray node vs two simulated nodes, paired (long)"),
 }
 
 

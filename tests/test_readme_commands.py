@@ -61,6 +61,13 @@ def test_the_command_blocks_run_at_smoke_size(tmp_path):
             elif name == "seer-bench":
                 r = subprocess.run([sys.executable, "-m", "seer.bench_cli", *cmd[1:], "--help"], cwd=ROOT,
                                    capture_output=True, text=True, timeout=120)  # the benchmarks take minutes
+            elif name == "ray":  # a cluster's own commands (other machines): the flags exist
+                r = subprocess.run([str(BIN / "ray"), argv[1], "--help"], capture_output=True, text=True, timeout=120)
+                unknown = [a.split("=")[0] for a in argv[2:] if a.startswith("--") and a.split("=")[0] not in r.stdout]
+                assert not unknown, f"{' '.join(argv)}: `ray {argv[1]}` has no {unknown}"
+            elif name == "export":  # environment for the commands after it
+                assert all(re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", a) for a in argv[1:]), argv
+                continue
             else:
                 pytest.fail(f"the README shows {' '.join(argv)!r}, which this test does not know how to try")
             assert r.returncode == 0, f"{' '.join(argv)}: {r.stdout[-2000:]} {r.stderr[-2000:]}"
