@@ -13,31 +13,18 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seer.procs import free_port, port_open
+
 # Fast failure detection: a lost node is declared dead within seconds, not a minute.
 FAST_HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
                "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000",
                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @dataclass
@@ -79,12 +66,12 @@ class RayNodes:
         token = self.tmp / "token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-        port = _free_port(ips[0])
+        port = free_port(ips[0])
         self.address = f"{ips[0]}:{port}"
         for k, (ip, cpus) in enumerate(zip(ips, cores)):
             self.nodes.append(self._start_node(k, ip, cpus))
             if k == 0:
-                self._wait(lambda: _port_open(ips[0], port), timeout_s, "the head's GCS port")
+                self._wait(lambda: port_open(ips[0], port, 0.5), timeout_s, "the head's GCS port")
         self._wait(lambda: len(self.alive_nodes()) == len(ips), timeout_s, f"{len(ips)} live nodes")
         return self
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seer.fleet.config import ClusterConfig
-from seer.procs import GuardedProcess, free_port
+from seer.procs import GuardedProcess, free_port, port_open
 
 LOCAL_NODE_IP = "127.0.0.2"
 
@@ -92,7 +92,7 @@ class RayCluster:
         cluster.head = head
         try:
             deadline = time.monotonic() + cfg.connect_timeout_s
-            while not _port_open(ip, port):
+            while not port_open(ip, port, 0.5):
                 if not head.alive() or time.monotonic() > deadline:
                     raise ClusterError(f"a one-node Ray on {ip} did not start (log {head.log_path}):\n{head.log_tail()}")
                 time.sleep(0.2)
@@ -149,12 +149,3 @@ def _ray_cli() -> list[str]:
         return [str(script)]
     return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"]
 
-
-def _port_open(host: str, port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

@@ -22,7 +22,7 @@ from pathlib import Path
 import mooncake
 
 from seer.kvpool.config import KVPoolConfig
-from seer.procs import free_port
+from seer.procs import free_port, port_open
 from seer.procs import GuardedProcess
 
 
@@ -52,14 +52,6 @@ class PoolEndpoints:
 def check_alive(proc: GuardedProcess) -> None:
     if not proc.alive():
         raise PoolStartError(f"{proc.name} exited (code {proc.returncode}); log {proc.log_path}:\n{proc.log_tail()}")
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 def _metric(url: str, name: str) -> float | None:
@@ -119,7 +111,7 @@ def _wait_master_ready(proc: GuardedProcess, endpoints: PoolEndpoints, timeout_s
     addrs = [endpoints.master_address, endpoints.metadata_server, endpoints.metrics_url or ""]
     ports = [_host_port(a) for a in addrs if a]
     deadline = time.monotonic() + timeout_s
-    while not all(_port_open(h, p) for h, p in ports):
+    while not all(port_open(h, p) for h, p in ports):
         check_alive(proc)
         if time.monotonic() > deadline:
             proc.stop()
@@ -171,7 +163,7 @@ def wait_store_ready(proc, cfg: KVPoolConfig, endpoints: PoolEndpoints, mounted_
         if endpoints.metrics_url is not None:
             ready = segment_mounted(endpoints, want)
         else:
-            ready = _port_open(cfg.host, port)
+            ready = port_open(cfg.host, port)
         if ready:
             return
         if time.monotonic() > deadline:

@@ -26,6 +26,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts connections there (a server we started is up)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def cpu_sets(num_instances: int, cpus: list[int] | None = None) -> list[str]:
     """Split the usable cores evenly into one contiguous set per instance."""
     return _split(num_instances, sorted(cpus if cpus is not None else os.sched_getaffinity(0)), "CPU core")
