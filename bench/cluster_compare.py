@@ -7,6 +7,7 @@ that seer-run starts for itself (both instances on one node, a core each), and o
 cluster (bench.ray_nodes: 127.0.0.3 and 127.0.0.4, a core each; STRICT_SPREAD puts an instance
 and a KV store on each node, so every chunk that changes instance changes node). Per run: rollout
 output tokens/s per instance, every iteration; the weight push (weight_sync_s); Ray's start-up.
+The workload moves every continuation chunk to the other instance, the pool's worst case.
 Writes bench/results/cluster_compare/ (json, md with the table, png); the node-loss recovery time
 comes from tests/fleet/test_two_nodes.py's record (bench/results/failures/run_node_loss.json).
 """
@@ -26,9 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "cluster_compare"
-WORKLOAD = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
-            "rollout.group_size": 4, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
-            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4}
+# Every continuation chunk changes instance (MoveEveryChunk), so on two nodes every one loads its
+# prefix across nodes: the pool's worst case, not the scheduler's choice.
+WORKLOAD = {"model.preset": "tiny", "task.num_prompts": 16, "rollout.groups_per_iteration": 16,
+            "rollout.group_size": 8, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
+            "scheduler.policy": "seer.scheduler.policies.moving:MoveEveryChunk",
+            "kvpool.capacity_bytes": 64 * 2**20, "trainer.lr": 1e-4}
 
 
 def run_job(run_dir: Path, sets: dict, env: dict, iterations: int, log) -> dict:
