@@ -76,6 +76,8 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
             extra["weight_sync_s"] = time.monotonic() - t0
     # The record is written before the checkpoint that commits the iteration: a kill between the
     # two leaves a record that --resume truncates, never a checkpoint whose iteration has no record.
+    if nodes := fleet.nodes():  # where each instance ran: the trace's tracks name their nodes
+        extra["instance_nodes"] = nodes
     record = iteration_record(batch, extra)
     job.metrics.append(record)
     watch.end_iteration(it, record, batch, version, job.run.rollout_file(it))

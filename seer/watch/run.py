@@ -89,6 +89,7 @@ class RunWatch:
                        for d in record.get("instances_dropped") or []] if batch.phases else []
             trace = build_trace(batch.chunks, batch.telemetry, [*self.phases, *batch.phases],
                                 instances=[i["name"] for i in record.get("instances") or []], dropped=dropped,
+                                nodes=record.get("instance_nodes"),
                                 metadata={"iteration": iteration, "policy": record.get("policy"),
                                           "weight_version": record.get("weight_version")})
             write_trace(trace_path(rollout_file), trace)

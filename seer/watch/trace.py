@@ -62,13 +62,17 @@ def chunk_args(c) -> dict:
 
 def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tuple[str, float, float]] = (), *,
                 instances: Sequence[str] = (), dropped: Iterable[tuple[str, str, float]] = (),
-                t0: float | None = None, metadata: dict | None = None) -> dict:
+                t0: float | None = None, metadata: dict | None = None, nodes: dict[str, str] | None = None) -> dict:
     """The trace of one rollout from the scheduler's ChunkEvents (or anything with their fields),
-    Telemetry samples and (name, start, end) phases, all on one clock in seconds."""
+    Telemetry samples and (name, start, end) phases, all on one clock in seconds. `nodes` (instance
+    -> node address) names each instance's track with its node and sorts the tracks node by node."""
     starts = [c.dispatch_time for c in chunks] + [p[1] for p in phases] + [t.time for t in telemetry]
     if t0 is None:
         t0 = min(starts) if starts else 0.0
     names = list(dict.fromkeys([*instances, *(c.instance for c in chunks), *(t.instance for t in telemetry)]))
+    nodes = nodes or {}
+    node_order = list(dict.fromkeys(nodes[n] for n in names if n in nodes))
+    names.sort(key=lambda n: node_order.index(nodes[n]) if n in nodes else len(node_order))  # stable
     pid_of = {n: i + 1 for i, n in enumerate(names)}
     events: list[dict] = [_meta(DRIVER_PID, None, "process_name", "driver"),
                           _meta(DRIVER_PID, None, "process_sort_index", 0),
@@ -81,7 +85,8 @@ def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tup
         by_instance[c.instance].append(c)
     for name in names:
         pid = pid_of[name]
-        events += [_meta(pid, None, "process_name", name), _meta(pid, None, "process_sort_index", pid)]
+        label = f"{name} on {nodes[name]}" if name in nodes else name
+        events += [_meta(pid, None, "process_name", label), _meta(pid, None, "process_sort_index", pid)]
         mine = by_instance[name]
         lanes = _lanes(mine)
         for lane in sorted(set(lanes)):
@@ -238,7 +243,8 @@ def chunk_slices(trace: dict) -> list[dict]:
     """The chunk slices of a trace, as their args plus instance (process name), ts and dur."""
     names = {ev["pid"]: ev["args"]["name"] for ev in trace["traceEvents"]
              if ev.get("ph") == "M" and ev.get("name") == "process_name"}
-    return [{**ev["args"], "instance": names[ev["pid"]], "name": ev["name"], "ts": ev["ts"], "dur": ev["dur"]}
+    return [{**ev["args"], "instance": names[ev["pid"]].split(" on ", 1)[0], "name": ev["name"], "ts": ev["ts"],
+             "dur": ev["dur"]}
             for ev in trace["traceEvents"] if ev.get("ph") == "X" and ev.get("cat", "").startswith("chunk")]
 
 

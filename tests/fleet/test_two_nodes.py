@@ -110,6 +110,10 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
         assert node_id == ids[ip], (name, node_id, ids)  # the node Ray says it runs on
         assert host == ip  # the server is bound to its node's address
         assert cores == next(n.cores for n in cluster.nodes if n.ip == ip)  # and on its node's cores
+    # the iteration's timeline has a track per instance, named with its node
+    trace = json.loads((run_dir / "rollouts" / "iter_0001.trace.json").read_text())
+    tracks = {ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "process_name"}
+    assert {f"{name} on {ip}" for name, (ip, *_) in placed.items()} <= tracks, tracks
     # a store per node, started by that node's Ray worker and bound to its address
     assert stores == {"127.0.0.3": "127.0.0.3", "127.0.0.4": "127.0.0.4"}, stores
     assert re.search(r"a store of 16 MiB on each node: 127\.0\.0\.\d, 127\.0\.0\.\d", text)

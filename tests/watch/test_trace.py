@@ -106,3 +106,14 @@ def test_a_rollout_function_that_keeps_no_chunks_still_gets_a_valid_timeline(tmp
     assert check_trace(trace) == [] and chunk_slices(trace) == []
     assert [ev["name"] for ev in trace["traceEvents"] if ev.get("cat") == "phase"] == ["rollout", "training"]
     assert "training on iteration 0: done in" in (tmp_path / "out").read_text()
+
+
+def test_tracks_name_their_nodes_and_are_sorted_node_by_node():
+    chunks = [chunk("g0-s0", 0, "i0", 1.0, 2.0), chunk("g0-s1", 0, "i1", 1.0, 2.0), chunk("g0-s2", 0, "i2", 1.0, 2.0)]
+    trace = build_trace(chunks, instances=["i0", "i1", "i2"],
+                        nodes={"i0": "127.0.0.3", "i1": "127.0.0.4", "i2": "127.0.0.3"})
+    assert check_trace(trace) == []
+    named = sorted((ev["pid"], ev["args"]["name"]) for ev in trace["traceEvents"]
+                   if ev["ph"] == "M" and ev["name"] == "process_name")
+    assert [n for _, n in named] == ["driver", "i0 on 127.0.0.3", "i2 on 127.0.0.3", "i1 on 127.0.0.4"]
+    assert sorted(s["instance"] for s in chunk_slices(trace)) == ["i0", "i1", "i2"]  # the instance, not the label
