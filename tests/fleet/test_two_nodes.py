@@ -207,3 +207,24 @@ def _running(guard: int) -> int:
     req = urllib.request.Request(f"http://{host}:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return telemetry_from_metrics("victim", r.read().decode()).num_running
+
+
+def test_the_draft_server_serves_instances_on_both_nodes(ray_two_nodes, tiny_model, tmp_path):
+    """DGDS on the driver's node, proposers on both: each instance drafts from its group's tree
+    (greedy: siblings reproduce the probe, whatever node generated it) and vLLM accepts drafts."""
+    cluster = ray_two_nodes
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    job = _job(cluster, run_dir, log, iterations=1, **{
+        "kvpool.enabled": "false", "scheduler.policy": "context", "rollout.max_tokens": 128,
+        "rollout.temperature": 0.0, "dgds.enabled": "true", "dgds.adaptive": "false",
+        "dgds.num_speculative_tokens": 4})
+    assert job.wait(timeout=900) == 0, log.read_text()[-4000:]
+    [rec] = _records(run_dir)
+    assert rec["num_samples"] == 16 and rec["acceptance_length"] is not None and rec["acceptance_length"] > 1.0, rec
+    text = (run_dir / "run.log").read_text()
+    assert sorted(p[0] for p in _placed(text).values()) == ["127.0.0.3", "127.0.0.4"]
+    trace = json.loads((run_dir / "rollouts" / "iter_0000.trace.json").read_text())
+    names = {ev["pid"]: ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "process_name"}
+    accepted = {names[ev["pid"]] for ev in trace["traceEvents"]
+                if ev["ph"] == "C" and ev["name"] == "acceptance_length" and ev["args"]["acceptance_length"] > 1.0}
+    assert {n.split(" on ")[1] for n in accepted} == {"127.0.0.3", "127.0.0.4"}, accepted
