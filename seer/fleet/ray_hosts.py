@@ -97,6 +97,7 @@ class RemoteProcess:
         self.command = command or []
         self.started_at = time.monotonic()
         self._lost: str | None = None  # why calls to the actor fail (its node or worker is gone)
+        self._stopping = None  # the stop `terminate` asked for (`stop` waits on the actor after it)
 
     def _call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S):
         if self._lost is not None:
@@ -136,7 +137,7 @@ class RemoteProcess:
     def terminate(self) -> None:
         """Ask for a stop without waiting (`stop` waits)."""
         if self._lost is None:
-            self._pending_stop = self.actor.stop.remote()
+            self._stopping = self.actor.stop.remote()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         try:
