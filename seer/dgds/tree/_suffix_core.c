@@ -1310,6 +1310,22 @@ static void put_u32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16), p[3] = (unsigned char)(v >> 24);
 }
 
+/* Log segments [cur, end) of t as uint32 triples at *sp and their tokens at *tp (both little-endian);
+ * advances both. Shared by log_fetch and sync_packed's fetches. */
+static void put_log(const Tree *t, int64_t cur, int64_t end, unsigned char **sp, unsigned char **tp) {
+    for (int64_t g = cur; g < end; g++, *sp += 12) {
+        const int64_t *seg = t->log_seg + 4 * g;
+        put_u32(*sp, (uint32_t)seg[0]), put_u32(*sp + 4, (uint32_t)seg[1]), put_u32(*sp + 8, (uint32_t)seg[2]);
+    }
+    int64_t t0 = cur ? t->log_seg[4 * (cur - 1) + 3] : 0, t1 = t->log_seg[4 * (end - 1) + 3];
+#if PY_LITTLE_ENDIAN
+    memcpy(*tp, t->log_tok + t0, (size_t)(t1 - t0) * 4);
+    *tp += (t1 - t0) * 4;
+#else
+    for (int64_t j = t0; j < t1; j++, *tp += 4) put_u32(*tp, t->log_tok[j]);
+#endif
+}
+
 static PyTypeObject TreeType;
 
 /* log_fetch(trees, cursors, known, max_tokens) -> (next, segments, new_requests, more, segs, toks):
@@ -1403,17 +1419,7 @@ static PyObject *log_fetch(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyList_SET_ITEM(nseg, i, PyLong_FromLongLong(end[i] - cur[i]));
         PyList_SET_ITEM(nnew, i, PyLong_FromLongLong(t ? t->nseqs - k : 0));
         if (t == NULL || end[i] == cur[i]) continue;
-        for (int64_t g = cur[i]; g < end[i]; g++, sp += 12) {
-            const int64_t *seg = t->log_seg + 4 * g;
-            put_u32(sp, (uint32_t)seg[0]), put_u32(sp + 4, (uint32_t)seg[1]), put_u32(sp + 8, (uint32_t)seg[2]);
-        }
-        int64_t t0 = cur[i] ? t->log_seg[4 * (cur[i] - 1) + 3] : 0, t1 = t->log_seg[4 * (end[i] - 1) + 3];
-#if PY_LITTLE_ENDIAN
-        memcpy(tp, t->log_tok + t0, (size_t)(t1 - t0) * 4);
-        tp += (t1 - t0) * 4;
-#else
-        for (int64_t j = t0; j < t1; j++, tp += 4) put_u32(tp, t->log_tok[j]);
-#endif
+        put_log(t, cur[i], end[i], &sp, &tp);
     }
     for (Py_ssize_t i = 0; i < n; i++)
         if (!PyList_GET_ITEM(next, i) || !PyList_GET_ITEM(nseg, i) || !PyList_GET_ITEM(nnew, i)) goto done;
@@ -1794,17 +1800,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
             for (Py_ssize_t j = t->nseqs - fnnew[i]; j < t->nseqs; j++) names[nnames++] = Py_NewRef(PyList_GET_ITEM(lst, j));
         }
         if (fend[i] == fcur[i]) continue;
-        for (int64_t g = fcur[i]; g < fend[i]; g++, sp += 12) {
-            const int64_t *seg = t->log_seg + 4 * g;
-            put_u32(sp, (uint32_t)seg[0]), put_u32(sp + 4, (uint32_t)seg[1]), put_u32(sp + 8, (uint32_t)seg[2]);
-        }
-        int64_t t0 = fcur[i] ? t->log_seg[4 * (fcur[i] - 1) + 3] : 0, t1 = t->log_seg[4 * (fend[i] - 1) + 3];
-#if PY_LITTLE_ENDIAN
-        memcpy(tp, t->log_tok + t0, (size_t)(t1 - t0) * 4);
-        tp += (t1 - t0) * 4;
-#else
-        for (int64_t j = t0; j < t1; j++, tp += 4) put_u32(tp, t->log_tok[j]);
-#endif
+        put_log(t, fcur[i], fend[i], &sp, &tp);
     }
 
     /* 5. the appends */
