@@ -6,7 +6,7 @@
 
 
 def __getattr__(name: str):
-    if name in ("Fleet", "FleetError", "LaunchSettings", "Dropped", "instance_specs"):
+    if name in ("Fleet", "FleetError", "LaunchSettings", "Dropped"):
         from seer.fleet import fleet
 
         return getattr(fleet, name)

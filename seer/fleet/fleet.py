@@ -27,7 +27,6 @@ from seer.fleet.instance import InstanceSpec
 from seer.fleet.pool import InstancePool
 from seer.fleet.weights import StaleWeightsError, push_weights, require_version, weight_version
 from seer.kvpool.config import KVPoolConfig
-from seer.procs import cpu_sets, cuda_devices, free_port, gpu_sets
 from seer.types import WeightsRef
 
 
@@ -174,7 +173,7 @@ class Fleet:
 
     def where(self, name: str) -> str | None:
         """The node of a launched instance, and whether Ray still counts it alive."""
-        server = next((s for s in self.pool.servers if s.spec.name == name), None)
+        server = next((s for s in self.pool.servers if s.spec.name == name), None)  # None: attached
         node = getattr(server, "node", None)
         if node is None:
             return None
@@ -289,25 +288,15 @@ class Fleet:
         await self.aclose()
 
 
-def base_spec(i: int, cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None, **where) -> InstanceSpec:
-    """Instance `i`'s launch record; `where` (host, port, cpus, gpus) is filled in by the node
-    that runs it when not given."""
+def base_spec(i: int, cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> InstanceSpec:
+    """Instance `i`'s launch record without its place: the node that runs it fills in its address,
+    port and cores or GPUs (seer.fleet.ray_hosts.ProcessHost.start_instance)."""
     return InstanceSpec(
-        name=f"inst{i}", model=launch.model_dir, port=where.pop("port", 0), dtype=launch.dtype,
+        name=f"inst{i}", model=launch.model_dir, port=0, dtype=launch.dtype,
         max_model_len=launch.max_model_len, kv_cache_bytes=cfg.kv_cache_bytes, max_num_seqs=cfg.max_num_seqs,
         seed=launch.seed, extra_args=tuple(cfg.extra_args), scheduling_policy=launch.scheduling_policy,
-        token=token, **where,
+        token=token,
     )
 
 
-def instance_specs(cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> list[InstanceSpec]:
-    """One launch record per instance: on a GPU machine each gets its share of the GPUs, on CPU
-    its share of the cores, so an idle instance is idle hardware as on a cluster."""
-    gpus = cuda_devices()
-    devices = ([(None, g) for g in gpu_sets(cfg.count, gpus)] if gpus
-               else [(c, None) for c in cpu_sets(cfg.count)])
-    return [base_spec(i, cfg, launch, token, port=free_port(), cpus=cpus, gpus=gpus_i)
-            for i, (cpus, gpus_i) in enumerate(devices)]
-
-
-__all__ = ["Dropped", "Fleet", "FleetError", "LaunchSettings", "StaleWeightsError", "base_spec", "instance_specs"]
+__all__ = ["Dropped", "Fleet", "FleetError", "LaunchSettings", "StaleWeightsError", "base_spec"]
