@@ -99,6 +99,17 @@ class WeightsRef:
     version: int
     uri: str
     format: str = "hf-safetensors"
+    # When the instances do not share a filesystem with the trainer: the checkpoint's files
+    # ({name: bytes}) in a store every node reaches (a Ray ObjectRef), and what each file must be
+    # ((name, size, sha256) per file), checked on the instance's node before anything is applied.
+    payload: object | None = None
+    manifest: tuple[tuple[str, int, str], ...] = ()
+
+    @staticmethod
+    def manifest_of(files: dict[str, bytes]) -> tuple[tuple[str, int, str], ...]:
+        import hashlib
+
+        return tuple((name, len(data), hashlib.sha256(data).hexdigest()) for name, data in sorted(files.items()))
 
     @property
     def local_path(self) -> str | None:

@@ -1,6 +1,6 @@
 """The only place Seer bends Megatron-core to run without CUDA.
 
-Megatron-core assumes a GPU in two spots that a world-size-1 CPU run reaches:
+Megatron-core assumes a GPU in two spots that a CPU run reaches:
   * the tensor-parallel RNG tracker stores and restores *CUDA* generator states, and
   * rotary embeddings and attention move tensors to ``torch.cuda.current_device()``.
 ``apply_cpu_shim()`` swaps in a tracker backed by the CPU generator and makes
@@ -64,10 +64,13 @@ def apply_cpu_shim() -> None:
 
 
 def seed_cpu_rng_tracker(seed: int) -> None:
-    """CPU counterpart of ``model_parallel_cuda_manual_seed`` for tp = ep = 1 (same seed offsets)."""
+    """CPU counterpart of ``model_parallel_cuda_manual_seed`` (the same seed offsets per tp rank)."""
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank() if parallel_state.model_parallel_is_initialized() else 0
     tracker = mp_random.get_cuda_rng_tracker()
     tracker.reset()
     torch.manual_seed(seed)
     tracker.add(mp_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718)
-    tracker.add(mp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)
+    tracker.add(mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    tracker.add(mp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)  # no expert parallelism

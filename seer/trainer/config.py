@@ -30,3 +30,28 @@ class TrainerConfig:
     params_dtype: str = "float32"  # the trainer's parameter dtype
     pad_token_id: int = 0  # set from the tokenizer by seer-run
     seed: int = 0  # the trainer's random seed
+    # The trainer's world: data_parallel x tensor_parallel ranks, each a Ray actor in its own bundle.
+    data_parallel: int = 1  # replicas that split each batch (balanced by tokens) and all-reduce gradients
+    tensor_parallel: int = 1  # ranks that split every layer (Megatron's column/row-parallel linears)
+    pipeline_parallel: int = 1  # only 1: see docs/trainer.md
+    cpus_per_rank: float = 0.1  # Ray CPUs a rank's bundle reserves: small, as ranks run while instances idle
+    gpus_per_rank: float = 0.0  # Ray GPUs a rank's bundle reserves (1 on a GPU cluster)
+    placement_strategy: str = "PACK"  # the ranks' placement group: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
+    threads_per_rank: int | None = None  # torch threads; None: the rank's node cores / ranks on that node
+
+    def __post_init__(self) -> None:
+        for name in ("data_parallel", "tensor_parallel", "pipeline_parallel"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.pipeline_parallel != 1:
+            raise ValueError("trainer.pipeline_parallel > 1 is not supported: Seer's GRPO step runs the whole "
+                             "model per rank (use tensor_parallel and data_parallel)")
+        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(f"trainer.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
+                             f"got {self.placement_strategy!r}")
+        if self.cpus_per_rank < 0 or self.gpus_per_rank < 0 or self.cpus_per_rank + self.gpus_per_rank == 0:
+            raise ValueError("trainer.cpus_per_rank and gpus_per_rank must be >= 0, not both 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel

@@ -1,14 +1,18 @@
 """Process-group and RNG setup that Megatron-core needs before a model can be built.
 
-Seer's trainer is one process with tensor / pipeline parallel size 1: gloo on CPU, NCCL on a GPU.
-The rendezvous is a file:// store in a fresh temp dir, so concurrent runs on one machine never
-race for a TCP port.
+One code path for every world size: world size 1 (the default, a trainer in one process) uses a
+file:// rendezvous in a fresh temp dir, so concurrent runs on one machine never race for a TCP
+port; a rank of a larger group joins rank 0's TCP store (``tcp://<rank 0's node address>:port``).
+gloo on CPU, NCCL on GPUs. Megatron's parallel state then splits the world into tensor-, pipeline-
+and data-parallel groups (tp and pp consecutive ranks innermost, as Megatron orders them).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -16,16 +20,36 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank sits in the trainer's world."""
+
+    rank: int = 0
+    world_size: int = 1
+    init_method: str | None = None  # tcp://host:port of rank 0's store; None: a private file store
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    timeout_s: float = 600.0  # a collective that waits longer fails (a lost rank), it never hangs
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+
 def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def init_megatron(seed: int = 0) -> None:
-    """Initialise torch.distributed (world size 1), Megatron's parallel state and its RNG tracker.
+def init_megatron(seed: int = 0, place: RankPlace | None = None) -> None:
+    """Initialise torch.distributed, Megatron's parallel state and its RNG tracker for `place`.
 
-    Safe to call more than once per process: an existing process group and parallel state are
-    reused, and the RNG tracker is re-seeded.
+    Safe to call more than once per process with the same place: an existing process group and
+    parallel state are reused, and the RNG tracker is re-seeded.
     """
+    place = place or RankPlace()
+    if place.world_size % (place.tensor_parallel * place.pipeline_parallel):
+        raise ValueError(f"world size {place.world_size} is not a multiple of tensor_parallel "
+                         f"{place.tensor_parallel} x pipeline_parallel {place.pipeline_parallel}")
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         from seer.compat.megatron_cpu_shim import apply_cpu_shim
@@ -34,17 +58,24 @@ def init_megatron(seed: int = 0) -> None:
     if not dist.is_initialized():
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        store_dir = tempfile.mkdtemp(prefix="seer-trainer-pg-")
+        init_method = place.init_method
+        if init_method is None:
+            if place.world_size != 1:
+                raise ValueError("a trainer world larger than 1 needs rank 0's tcp:// address")
+            init_method = f"file://{os.path.join(tempfile.mkdtemp(prefix='seer-trainer-pg-'), 'store')}"
         dist.init_process_group(
             backend="nccl" if on_gpu else "gloo",
-            init_method=f"file://{os.path.join(store_dir, 'store')}",
-            world_size=1,
-            rank=0,
+            init_method=init_method,
+            world_size=place.world_size,
+            rank=place.rank,
+            timeout=timedelta(seconds=place.timeout_s),
         )
-    if dist.get_world_size() != 1:
-        raise RuntimeError("the Seer trainer runs with world size 1 (tp = pp = dp = 1)")
+    if dist.get_world_size() != place.world_size or dist.get_rank() != place.rank:
+        raise RuntimeError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}, "
+                           f"not rank {place.rank} of {place.world_size}")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=place.tensor_parallel,
+                                                 pipeline_model_parallel_size=place.pipeline_parallel)
     if on_gpu:
         model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     else:

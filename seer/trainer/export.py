@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save, save_file
 
 _WEIGHT_FILES = (
     "model.safetensors",
@@ -28,6 +28,23 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def checkpoint_files(hf_state: dict[str, torch.Tensor], src_dir: str | Path, dtype: torch.dtype) -> dict[str, bytes]:
+    """The files of a HF checkpoint of ``hf_state`` as bytes: src_dir's tokenizer and generation
+    files, its config.json with the dtype updated, and one ``model.safetensors``. What an export
+    writes, and what travels to instances that do not share a filesystem with the trainer."""
+    src_dir = Path(src_dir)
+    files = {f.name: f.read_bytes() for f in sorted(src_dir.iterdir())
+             if f.is_file() and f.name not in _WEIGHT_FILES and f.name != "config.json"
+             and not f.name.endswith((".safetensors", ".bin", ".pt")) and not f.name.startswith(".")}
+    config = json.loads((src_dir / "config.json").read_text())
+    config["dtype"] = _DTYPE_NAMES[dtype]
+    if "torch_dtype" in config:
+        config["torch_dtype"] = _DTYPE_NAMES[dtype]
+    files["config.json"] = (json.dumps(config, indent=2) + "\n").encode()
+    files["model.safetensors"] = save(hf_state, metadata={"format": "pt"})
+    return files
 
 
 def write_hf_checkpoint(

@@ -21,7 +21,7 @@ from seer.trainer import losses
 from seer.trainer.config import TrainerConfig
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches
 from seer.trainer.distributed import device as default_device
-from seer.trainer.distributed import init_megatron
+from seer.trainer.distributed import RankPlace, init_megatron
 from seer.trainer.export import write_hf_checkpoint
 from seer.trainer.hf_mapping import HFArch
 from seer.trainer.model import (
@@ -103,10 +103,11 @@ class Trainer:
     version of the weights held now, and what ``load_checkpoint`` returns for --resume.
     """
 
-    def __init__(self, hf_path: str | Path, config: TrainerConfig | None = None) -> None:
+    def __init__(self, hf_path: str | Path, config: TrainerConfig | None = None, place: RankPlace | None = None) -> None:
         self.config = config or TrainerConfig()
+        self.place = place or RankPlace()
         self.hf_path = Path(hf_path)
-        init_megatron(self.config.seed)
+        init_megatron(self.config.seed, place)
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
