@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seer.fleet.ray_cluster import TRAINER_CPUS
 from seer.procs import free_port, port_open
 
 # Ray's own health-check timing: the fast settings (1 s period and timeout, 3 misses) declared a
@@ -81,7 +82,7 @@ class RayNodes:
         where = ["--head", "--port", port, "--include-dashboard", "false", "--disable-usage-stats"] if k == 0 \
             else ["--address", self.address]
         cmd = ["taskset", "-c", cpus, ray, "start", "--block", *where, "--node-ip-address", ip,
-               "--num-cpus", str(len(cpus.split(","))), "--resources", json.dumps({f"node{k}": 1}),
+               "--num-cpus", str(len(cpus.split(",")) + TRAINER_CPUS), "--resources", json.dumps({f"node{k}": 1}),
                "--temp-dir", str(self.tmp / f"n{k}")]
         log = self.tmp / f"node{k}-{time.monotonic_ns()}.log"
         proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=self.env(),

@@ -22,6 +22,9 @@ from seer.fleet.config import ClusterConfig
 from seer.procs import GuardedProcess, free_port, port_open
 
 LOCAL_NODE_IP = "127.0.0.2"
+# A logical CPU beyond the node's cores, for the trainer ranks' bundles (trainer.cpus_per_rank each):
+# in a synchronous loop the ranks compute while the instances, which hold the cores' bundles, idle.
+TRAINER_CPUS = 1
 
 
 class ClusterError(RuntimeError):
@@ -84,7 +87,7 @@ class RayCluster:
         port = free_port(ip)
         head = GuardedProcess(
             "ray-head", [*_ray_cli(), "start", "--head", "--block", "--node-ip-address", ip, "--port", str(port),
-                         "--num-cpus", str(len(os.sched_getaffinity(0))), "--include-dashboard", "false",
+                         "--num-cpus", str(len(os.sched_getaffinity(0)) + TRAINER_CPUS), "--include-dashboard", "false",
                          "--disable-usage-stats", "--temp-dir", str(tmp / "r")],
             Path(log_dir or tmp) / "ray-head.log", env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
         head.start()

@@ -27,6 +27,11 @@ class TrainSequence:
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def trained_tokens(self) -> int:
+        """Response tokens the loss counts (the loss mask's ones)."""
+        return sum(self.loss_mask) if self.loss_mask is not None else len(self.response_ids)
+
 
 @dataclass
 class MicroBatch:
@@ -100,3 +105,15 @@ def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 def make_micro_batches(seqs: list[TrainSequence], max_tokens: int, pad_id: int = 0) -> list[MicroBatch]:
     plans = plan_micro_batches([s.length for s in seqs], max_tokens)
     return [collate([seqs[i] for i in plan], plan, pad_id) for plan in plans]
+
+
+def shard_by_tokens(lengths: list[int], parts: int) -> list[list[int]]:
+    """Split sequence indices into `parts` shards of about equal total tokens (longest first onto the
+    lightest shard): RL response lengths are heavy-tailed, so equal counts would leave ranks idle."""
+    loads = [0] * parts
+    shards: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = min(range(parts), key=lambda k: (loads[k], k))
+        shards[k].append(i)
+        loads[k] += lengths[i]
+    return [sorted(s) for s in shards]

@@ -9,55 +9,32 @@ so no extra forward pass is spent on them.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
 from seer.trainer import losses
 from seer.trainer.config import TrainerConfig
-from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches
+from seer.trainer.metrics import TrainMetrics
+from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, shard_by_tokens
 from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import RankPlace, init_megatron
-from seer.trainer.export import write_hf_checkpoint
-from seer.trainer.hf_mapping import HFArch
-from seer.trainer.model import (
-    build_gpt_model,
-    forward_logits,
-    load_hf_weights,
-    megatron_weights_as_hf,
-    read_hf_state_dict,
-)
+from seer.trainer.export import checkpoint_files, write_hf_checkpoint
+from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
+from seer.trainer.model import build_gpt_model, forward_logits, read_hf_state_dict
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
-
-
-@dataclass
-class TrainMetrics:
-    iteration: int  # weight version after this step
-    loss: float
-    pg_loss: float
-    pg_clipfrac: float
-    kl: float
-    entropy: float
-    grad_norm: float
-    logprob_mismatch_mean: float  # mean |recomputed - rollout| over response tokens, pre-update
-    logprob_mismatch_max: float
-    tokens: int  # response tokens trained on
-    sequences: int
-    zero_adv_fraction: float  # share of sequences whose group had no reward spread
-    time_s: float
-    extra: dict = field(default_factory=dict)
-
-    def record(self) -> dict:
-        """The fields an iteration's metrics record carries (seer.metrics_log)."""
-        return {"train_s": self.time_s, "loss": self.loss, "pg_clipfrac": self.pg_clipfrac, "kl": self.kl,
-                "entropy": self.entropy, "grad_norm": self.grad_norm, "zero_adv_fraction": self.zero_adv_fraction,
-                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max}
+CHECKPOINT_FORMAT = 2  # full (unsharded) tensors by parameter name: resumable at any world size
+_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl")
 
 
 @dataclass(frozen=True)
@@ -86,6 +63,18 @@ class _Totals:
     def mismatch_mean(self) -> float:
         return self.mismatch_sum / self.mismatch_tokens if self.mismatch_tokens else float("nan")
 
+    def all_reduce(self, group, objective: float) -> float:
+        """Sum (max for the mismatch max) over the data-parallel ranks; returns the summed objective."""
+        sums = torch.tensor([self.tokens, self.mismatch_sum, self.mismatch_tokens, objective,
+                             *(self.sums.get(k, 0.0) for k in _SUMMED)], dtype=torch.float64)
+        dist.all_reduce(sums, group=group)
+        peak = torch.tensor([self.mismatch_max], dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        self.tokens, self.mismatch_sum, self.mismatch_tokens, objective = (float(x) for x in sums[:4])
+        self.sums = {k: float(v) for k, v in zip(_SUMMED, sums[4:])}
+        self.mismatch_max = float(peak[0])
+        return objective
+
     def add_mismatch(self, mb: MicroBatch, recomputed: torch.Tensor) -> None:
         m = mb.mask * mb.has_rollout_logprobs.unsqueeze(1).to(mb.mask.dtype)
         if m.sum() == 0:
@@ -107,29 +96,85 @@ class Trainer:
         self.config = config or TrainerConfig()
         self.place = place or RankPlace()
         self.hf_path = Path(hf_path)
-        init_megatron(self.config.seed, place)
+        init_megatron(self.config.seed, self.place)
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_group = parallel_state.get_data_parallel_group() if self.dp_size > 1 else None
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
-        hf_state = read_hf_state_dict(self.hf_path)
-        self.model = self._build(hf_state)
+        full = hf_to_megatron(read_hf_state_dict(self.hf_path), self.arch)
+        self.model = self._build(full)
         self.ref_model = None  # the initial weights, frozen (also after a resume)
         if self.config.kl_coef > 0:
-            self.ref_model = self._build(hf_state).eval().requires_grad_(False)
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+            self.ref_model = self._build(full).eval().requires_grad_(False)
+        named = list(self.model.named_parameters())
+        decay = [(n, p) for n, p in named if p.ndim >= 2]
+        no_decay = [(n, p) for n, p in named if p.ndim < 2]
+        self._param_names = [n for n, _ in decay + no_decay]  # the optimizer's parameter order
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [{"params": [p for _, p in decay], "weight_decay": self.config.weight_decay},
+             {"params": [p for _, p in no_decay], "weight_decay": 0.0}],
             lr=self.config.lr,
             betas=self.config.betas,
             eps=self.config.adam_eps,
         )
         self.iteration = 0
+        self.captured_grads: list[dict[str, torch.Tensor]] | None = None  # a list: keep each step's reduced gradients
 
-    def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    @property
+    def is_writer(self) -> bool:
+        """The rank that writes exports and checkpoints (every rank holds or gathers the same)."""
+        return self.place.rank == 0
+
+    def _build(self, full: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = build_gpt_model(self.arch, self.dtype)
-        load_hf_weights(model, hf_state, self.arch)
+        local = self._local_state(full)
+        result = model.load_state_dict(local, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise KeyError(f"HF -> Megatron mapping mismatch: missing {missing}, unexpected {result.unexpected_keys}")
         return model.to(self.device)
+
+    # ---- this rank's share of full tensors (identity at tensor_parallel 1) -----------------
+
+    def _local_state(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return full
+
+    def _full_state(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full tensors from this rank's shards (a collective over the tensor-parallel group)."""
+        return local
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.state_dict().items()
+                if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+
+    # ---- data-parallel reductions ----------------------------------------------------------
+
+    def _my_share(self, items: list, lengths: list[int]) -> list:
+        """This data-parallel rank's shard of `items`, balanced by tokens (all of them at dp 1)."""
+        if self.dp_size == 1:
+            return list(items)
+        return [items[i] for i in shard_by_tokens(lengths, self.dp_size)[self.dp_rank]]
+
+    def _reduce_grads(self) -> None:
+        """Sum the gradients over the data-parallel ranks (each loss is already normalised by the
+        global token count); a rank whose shard was empty contributes zeros."""
+        if self.dp_size == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(reduced)
+
+    def _clip_grads(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
 
     # ---- forward helpers -------------------------------------------------------------------
 
@@ -188,21 +233,24 @@ class Trainer:
         ):
             raise ValueError("old_logprobs='rollout' needs one rollout logprob per response token")
         n_mini = max(1, min(cfg.mini_batches, len(seqs)))
-        minis = [self._micro_batches(seqs[k::n_mini]) for k in range(n_mini)]
+        minis = []  # (this rank's micro-batches, the mini-batch's global token and sequence counts)
+        for k in range(n_mini):
+            mini = seqs[k::n_mini]
+            mine = self._my_share(mini, [s.length for s in mini])
+            minis.append((self._micro_batches(mine) if mine else [], float(sum(s.trained_tokens for s in mini)),
+                          float(sum(1 for s in mini if s.trained_tokens > 0))))
         totals = _Totals()
 
         # Old log-probs and the mismatch check for later mini-batches must see pre-update weights.
         self.model.eval()
         with torch.no_grad():
-            for mbs in minis[1:]:
+            for mbs, _, _ in minis[1:]:
                 for mb in mbs:
                     self._set_old_logprobs(mb, self._token_logprobs(self.model, mb), totals)
 
         self.model.train()
         grad_norms, objective = [], 0.0
-        for k, mbs in enumerate(minis):
-            n_tokens = float(sum(mb.num_tokens for mb in mbs))
-            n_seqs = float(sum(int((mb.mask.sum(-1) > 0).sum()) for mb in mbs))
+        for k, (mbs, n_tokens, n_seqs) in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in mbs:
                 logits = self._logits(self.model, mb)
@@ -229,8 +277,15 @@ class Trainer:
                 totals.add("clipfrac", terms.clipped, mb.mask)
                 totals.add("entropy", entropy, mb.mask)
                 totals.add("ratio", terms.ratio, mb.mask)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            self._reduce_grads()
+            if self.captured_grads is not None:  # full tensors, before clipping: what equivalence tests compare
+                self.captured_grads.append(self._full_state({n: p.grad.detach().clone() if p.grad is not None
+                                                             else torch.zeros_like(p)
+                                                             for n, p in self.model.named_parameters()}))
+            grad_norms.append(self._clip_grads())
             self.optimizer.step()
+        if self.dp_size > 1:
+            objective = totals.all_reduce(self.dp_group, objective)
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
         n_zero = sum(1 for s in seqs if s.advantage == 0.0)
@@ -263,8 +318,10 @@ class Trainer:
     def sft_step(self, examples: list[SFTExample]) -> TrainMetrics:
         """One optimizer step of token-mean NLL on the responses of ``examples``."""
         t0 = time.perf_counter()
-        mbs = self._micro_batches([TrainSequence(e.prompt_ids, e.response_ids) for e in examples if e.response_ids])
-        n_tokens = float(sum(mb.num_tokens for mb in mbs))
+        seqs = [TrainSequence(e.prompt_ids, e.response_ids) for e in examples if e.response_ids]
+        n_tokens = float(sum(s.trained_tokens for s in seqs))
+        mine = self._my_share(seqs, [s.length for s in seqs])
+        mbs = self._micro_batches(mine) if mine else []
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -272,8 +329,13 @@ class Trainer:
             loss = losses.sft_loss(self._token_logprobs(self.model, mb), mb.mask, "token-mean", num_tokens=n_tokens)
             loss.backward()
             total += float(loss.detach())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        self._reduce_grads()
+        grad_norm = self._clip_grads()
         self.optimizer.step()
+        if self.dp_size > 1:
+            summed = torch.tensor([total], dtype=torch.float64)
+            dist.all_reduce(summed, group=self.dp_group)
+            total = float(summed[0])
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
         nan = float("nan")
@@ -284,49 +346,104 @@ class Trainer:
         )  # fmt: skip
 
     # ---- weights out -----------------------------------------------------------------------
+    # Every rank calls these (tensor-parallel shards are gathered); ranks hold the same result.
 
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Current weights under HF names (CPU tensors), e.g. for an in-memory weight update."""
-        return megatron_weights_as_hf(self.model, self.arch, dtype or self.dtype)
+        """Current weights under HF names (fresh CPU tensors: safetensors-ready)."""
+        hf = megatron_to_hf(self._full_state(self._model_state()), self.arch)
+        return {k: v.detach().to("cpu", dtype=dtype or self.dtype).clone() for k, v in hf.items()}
 
     def export_hf(self, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write a HF checkpoint dir (config, tokenizer files, model.safetensors) of the current weights."""
         dtype = dtype or self.dtype
         return write_hf_checkpoint(self.hf_state_dict(dtype), self.hf_path, out_dir, dtype)
 
+    def export_files(self, dtype: torch.dtype | None = None) -> dict[str, bytes]:
+        """The same checkpoint as bytes per file, for instances that share no filesystem with this rank."""
+        dtype = dtype or self.dtype
+        return checkpoint_files(self.hf_state_dict(dtype), self.hf_path, dtype)
+
     # ---- resume ----------------------------------------------------------------------------
+    # The checkpoint holds full tensors by parameter name (model and Adam moments), so a run saved
+    # at one data/tensor-parallel size resumes at any other.
 
     def state_dict(self) -> dict:
-        model_state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+        opt = self.optimizer.state_dict()
+        moments: dict[str, dict[str, torch.Tensor]] = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            local = {self._param_names[i]: st[key] for i, st in opt["state"].items() if key in st}
+            for name, full in self._full_state(local).items():
+                moments.setdefault(name, {})[key] = full
+        for i, st in opt["state"].items():
+            moments.setdefault(self._param_names[i], {})["step"] = st["step"]
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "names": [self._param_names[i] for i in g["params"]]}
+                  for g in opt["param_groups"]]
         return {
+            "format": CHECKPOINT_FORMAT,
             "iteration": self.iteration,
-            "model": model_state,
-            "optimizer": self.optimizer.state_dict(),
+            "model": self._full_state(self._model_state()),
+            "optimizer": {"state": moments, "param_groups": groups},
             "config": asdict(self.config),
+            "world": {"data_parallel": self.dp_size, "tensor_parallel": self.tp_size},
             "torch_rng": torch.get_rng_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        result = self.model.load_state_dict(state["model"], strict=False)
+        if state.get("format") != CHECKPOINT_FORMAT:  # a single-process checkpoint of Seer before format 2
+            if self.tp_size > 1:
+                raise ValueError("this checkpoint predates tensor-parallel resume: resume it at tensor_parallel 1")
+            model_state, opt_state = state["model"], state["optimizer"]
+        else:
+            model_state = self._local_state(state["model"])
+            index = {n: i for i, n in enumerate(self._param_names)}
+            saved = state["optimizer"]
+            local_moments = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                full = {n: st[key] for n, st in saved["state"].items() if key in st}
+                unknown = sorted(set(full) - set(index))
+                if unknown:
+                    raise KeyError(f"checkpoint does not match the model: optimizer state for unknown {unknown}")
+                for n, t in self._local_state(full).items():
+                    local_moments.setdefault(n, {})[key] = t
+            opt_state = {
+                "state": {index[n]: {"step": saved["state"][n]["step"], **local_moments.get(n, {})}
+                          for n in saved["state"]},
+                "param_groups": [{**{k: v for k, v in g.items() if k != "names"}, "params": [index[n] for n in g["names"]]}
+                                 for g in saved["param_groups"]],
+            }
+        result = self.model.load_state_dict(model_state, strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
             unexpected = result.unexpected_keys
             raise KeyError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(opt_state)
         self.iteration = int(state["iteration"])
         torch.set_rng_state(state["torch_rng"])
+
+    def checkpoint_bytes(self) -> bytes | None:
+        """The checkpoint serialised (on the writing rank; None on the others, which still gather)."""
+        state = self.state_dict()
+        if not self.is_writer:
+            return None
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def load_checkpoint_bytes(self, data: bytes) -> int:
+        self.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
+        return self.iteration
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
         """Write model, optimizer, iteration and RNG state; the file appears atomically."""
         ckpt_dir = Path(ckpt_dir)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, ckpt_dir / CHECKPOINT_FILE)
+        data = self.checkpoint_bytes()
+        if data is not None:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, ckpt_dir / CHECKPOINT_FILE)
         return ckpt_dir / CHECKPOINT_FILE
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> int:
         """Restore a ``save_checkpoint`` directory; returns the iteration to continue from."""
-        state = torch.load(Path(ckpt_dir) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
-        self.load_state_dict(state)
-        return self.iteration
+        return self.load_checkpoint_bytes((Path(ckpt_dir) / CHECKPOINT_FILE).read_bytes())
