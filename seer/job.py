@@ -53,6 +53,8 @@ class Job:
         with step(console, "Preparing the model (first use builds and warm-starts the embedded default)",
                   cfg.logging.progress_interval_s):
             model_dir = resolve_model(cfg.model.path or cfg.model.preset, progress=False)
+        if cfg.train.enabled:
+            _check_parallel_sizes(cfg, Path(model_dir))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
         task = load_task(cfg.task)
@@ -68,27 +70,63 @@ class Job:
 
     # ---- where to start -------------------------------------------------------------------
     def resume_point(self):
-        """(first iteration, weight version, trainer or None) after the last committed checkpoint."""
+        """(first iteration, weight version, checkpoint or None) after the last committed checkpoint."""
         ckpt = self.run.latest_checkpoint() if self.resume else None
         if self.resume and ckpt is None:
             self.console.print(f"[yellow]--resume: no checkpoint under {self.run.path}; starting from iteration 0[/]")
         if ckpt is not None:
             self.metrics.truncate_after(ckpt.iteration)
+            self.console.print(f"resuming after iteration {ckpt.iteration} from {ckpt.path} "
+                               f"(weight version {ckpt.weight_version})")
         elif self.metrics.path.exists():
             self.metrics.path.unlink()
-        trainer, version = None, ckpt.weight_version if ckpt else 0
-        if self.cfg.train.enabled:
-            with step(self.console, "Loading the policy into the Megatron trainer", self.cfg.logging.progress_interval_s):
-                from seer.trainer import Trainer
+        return (ckpt.iteration + 1 if ckpt else 0), (ckpt.weight_version if ckpt else 0), ckpt
 
-                pad = self.tokenizer.pad_token_id or 0
-                trainer = Trainer(self.model_dir, replace(self.cfg.trainer, pad_token_id=pad))
-                if ckpt is not None:
-                    trainer.load_checkpoint(ckpt.path)
-                    version = trainer.iteration
-        if ckpt is not None:
-            self.console.print(f"resuming after iteration {ckpt.iteration} from {ckpt.path} (weight version {version})")
-        return (ckpt.iteration + 1 if ckpt else 0), version, trainer
+    @contextlib.contextmanager
+    def cluster(self):
+        """The run's Ray: joined (cluster.address / RAY_ADDRESS) or started here for the run; it
+        places the instances and the trainer's ranks. Attached instances without training need none."""
+        cfg = self.cfg
+        if cfg.instances.urls and not cfg.train.enabled:
+            yield None
+            return
+        from seer.fleet.ray_cluster import RayCluster
+
+        ray_cluster = RayCluster.connect(cfg.cluster, self.run.path / "logs")
+        if ray_cluster.started_here:
+            msg = f"a one-node Ray on {ray_cluster.node_ip} in {ray_cluster.startup_s:.1f} s"
+            self.console.print(msg)
+            self.run.log(msg)
+        try:
+            yield ray_cluster
+        finally:
+            ray_cluster.close()
+
+    @contextlib.contextmanager
+    def trainer(self, ckpt):
+        """The trainer's ranks (a Ray worker group; world size 1 is one rank), loaded from the model
+        or from `ckpt`; None when training is off."""
+        if not self.cfg.train.enabled:
+            yield None
+            return
+        t = self.cfg.trainer
+        with step(self.console, f"Loading the policy into the Megatron trainer ({t.world_size} rank(s))",
+                  self.cfg.logging.progress_interval_s):
+            from seer.trainer.group import TrainerGroup
+
+            pad = self.tokenizer.pad_token_id or 0
+            group = TrainerGroup.start(self.model_dir, replace(t, pad_token_id=pad))
+        try:
+            self.run.log(group.describe())
+            self.console.print(group.describe())
+            if ckpt is not None:
+                group.load_checkpoint(ckpt.path)
+                if group.iteration != ckpt.weight_version:
+                    raise RuntimeError(f"{ckpt.path} holds trainer iteration {group.iteration}, but the run "
+                                       f"committed weight version {ckpt.weight_version} with it")
+            yield group
+        finally:
+            group.close()
 
     # ---- run-wide pieces -------------------------------------------------------------------
     async def start_fleet(self) -> Fleet:
@@ -127,8 +165,11 @@ class Job:
         return self.cfg.rollout.reward_runner(
             self.task.reward_spec, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def export_weights(self, trainer, version: int) -> WeightsRef:
-        """The trainer's weights as an HF directory in the run; older exports are removed."""
+    def export_weights(self, trainer, version: int, fleet: Fleet) -> WeightsRef:
+        """The trainer's weights where the fleet's instances can load them: an HF directory in the
+        run (older exports are removed) when they share this node's filesystem, else Ray objects."""
+        if getattr(fleet, "weight_transport", "shared-fs") == "ray":
+            return trainer.publish(version)
         out = trainer.export_hf(self.run.weights_dir(version))
         self.run.prune_weights(version)
         return WeightsRef(version, str(out))
@@ -177,3 +218,17 @@ class Job:
                 bar.update(task, completed=p.finished, info=report(p))
 
             yield on_progress
+
+
+def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:
+    """Tensor parallelism splits attention by KV group and MLP columns: refuse sizes that do not divide."""
+    tp = cfg.trainer.tensor_parallel
+    if tp == 1:
+        return
+    arch = json.loads((model_dir / "config.json").read_text())
+    heads = int(arch["num_attention_heads"])
+    kv = int(arch.get("num_key_value_heads") or heads)
+    bad = [f"{name} {n}" for name, n in (("num_key_value_heads", kv), ("num_attention_heads", heads),
+                                          ("intermediate_size", int(arch["intermediate_size"]))) if n % tp]
+    if bad:
+        raise ValueError(f"trainer.tensor_parallel={tp} does not divide the model's {', '.join(bad)} ({model_dir})")

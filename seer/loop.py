@@ -36,15 +36,17 @@ def run(cfg: RunConfig, console: Console | None = None, *, resume: bool = False,
 
 async def _iterate(job: Job) -> list[dict]:
     cfg, console = job.cfg, job.console
-    start, version, trainer = job.resume_point()
+    start, version, ckpt = job.resume_point()
     records = job.metrics.records()
     if start >= cfg.iterations:
         console.print(f"nothing to do: {start} of {cfg.iterations} iterations already done")
         return records
-    with RunWatch(cfg.logging, job.run.path, console, config=cfg.to_dict(), start_step=start, log=job.run.log) as watch:
+    with RunWatch(cfg.logging, job.run.path, console, config=cfg.to_dict(), start_step=start, log=job.run.log) as watch, \
+            job.cluster(), job.trainer(ckpt) as trainer:
         async with await job.start_fleet() as fleet:
             if trainer is not None:  # serve the weights this run starts from (a checkpoint's, or the base model's)
-                await fleet.ensure_version(job.export_weights(trainer, version) if version > 0 else job.base_weights())
+                await fleet.ensure_version(job.export_weights(trainer, version, fleet) if version > 0
+                                           else job.base_weights())
             with job.reward_runner() as rewards:
                 for it in range(start, cfg.iterations):
                     record, version = await _one_iteration(job, fleet, rewards, trainer, it, version, watch)
@@ -72,7 +74,7 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
         extra.update(tm.record())
         with watch.phase("weight push", f"loading weight version {version} into the instances"):
             t0 = time.monotonic()
-            await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version))
+            await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version, fleet))
             extra["weight_sync_s"] = time.monotonic() - t0
     # The record is written before the checkpoint that commits the iteration: a kill between the
     # two leaves a record that --resume truncates, never a checkpoint whose iteration has no record.

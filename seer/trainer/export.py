@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 
 _WEIGHT_FILES = (
     "model.safetensors",
@@ -57,22 +56,16 @@ def write_hf_checkpoint(
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
         raise ValueError(f"refusing to export over the source checkpoint {src_dir}")
+    return write_checkpoint_files(checkpoint_files(hf_state, src_dir, dtype), out_dir)
+
+
+def write_checkpoint_files(files: dict[str, bytes], out_dir: str | Path) -> Path:
+    """Write a checkpoint's files into out_dir, the weights before config.json (a reader that sees
+    the new config sees the new weights); an older sharded export never shadows the new file."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for f in src_dir.iterdir():
-        if f.is_file() and f.name not in _WEIGHT_FILES and f.name != "config.json" and not f.name.endswith(
-            (".safetensors", ".bin", ".pt")
-        ):
-            shutil.copy2(f, out_dir / f.name)
-    for stale in _WEIGHT_FILES[1:]:  # an older sharded export must not shadow the new file
+    for stale in _WEIGHT_FILES[1:]:
         (out_dir / stale).unlink(missing_ok=True)
-
-    config = json.loads((src_dir / "config.json").read_text())
-    config["dtype"] = _DTYPE_NAMES[dtype]
-    if "torch_dtype" in config:
-        config["torch_dtype"] = _DTYPE_NAMES[dtype]
-
-    tmp = out_dir / ".model.safetensors.tmp"
-    save_file(hf_state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out_dir / "model.safetensors")
-    _atomic_write_bytes(out_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    for name in sorted(files, key=lambda n: n == "config.json"):
+        _atomic_write_bytes(out_dir / name, files[name])
     return out_dir

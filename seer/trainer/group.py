@@ -113,14 +113,7 @@ class TrainerGroup:
         t0 = time.monotonic()
         n = config.world_size
         bundle = {k: v for k, v in (("CPU", config.cpus_per_rank), ("GPU", config.gpus_per_rank)) if v}
-        pg = placement_group([dict(bundle) for _ in range(n)], strategy=config.placement_strategy)
-        try:
-            ray.get(pg.ready(), timeout=min(timeout_s, 120.0))
-        except ray.exceptions.GetTimeoutError:
-            free = ray.available_resources()
-            remove_placement_group(pg)
-            raise TrainerGroupError(f"Ray could not place {n} trainer ranks of {bundle} ({config.placement_strategy}); "
-                                    f"free: {free}") from None
+        pg = _place([dict(bundle) for _ in range(n)], config.placement_strategy, min(timeout_s, 120.0))
         actors = [_Rank.options(num_cpus=config.cpus_per_rank, num_gpus=config.gpus_per_rank, max_restarts=0,
                                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
                                 ).remote() for i in range(n)]
@@ -171,9 +164,14 @@ class TrainerGroup:
         return metrics
 
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Rank 0 writes the directory: on its own node, so use where it is the driver's (a shared
-        filesystem); `publish` is the way to instances that share none."""
-        return Path(self._all(lambda a, i: a.export_dir.remote(str(out_dir)))[0])
+        """A HF directory at `out_dir` on the driver's node: written by rank 0 where it runs there,
+        else fetched from rank 0 and written here. `publish` is the way to instances on other nodes."""
+        if self.infos[0].ip == ray.util.get_node_ip_address():
+            return Path(self._all(lambda a, i: a.export_dir.remote(str(out_dir)))[0])
+        from seer.trainer.export import write_checkpoint_files
+
+        ref = self.publish(0).payload
+        return write_checkpoint_files(ray.get(ref), out_dir)
 
     def publish(self, version: int) -> WeightsRef:
         refs, manifest = self._all(lambda a, i: a.publish.remote())[0]
@@ -225,6 +223,23 @@ class TrainerGroup:
             remove_placement_group(self.pg)
         except Exception:
             pass
+
+
+def _place(bundles: list[dict], strategy: str, timeout_s: float):
+    """The ranks' placement group. PACK first tries the driver's node (STRICT_PACK with it as the
+    target: the ranks then share the driver's machine and fate), then anywhere that packs them."""
+    tries = [(strategy, None, timeout_s)]
+    if strategy == "PACK":
+        tries.insert(0, ("STRICT_PACK", ray.get_runtime_context().get_node_id(), 5.0))
+    for how, target, wait_s in tries:
+        pg = placement_group(bundles, strategy=how, _soft_target_node_id=target)
+        try:
+            ray.get(pg.ready(), timeout=wait_s)
+            return pg
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+    raise TrainerGroupError(f"Ray could not place {len(bundles)} trainer ranks of {bundles[0]} ({strategy}) within "
+                            f"{timeout_s:.0f} s; free: {ray.available_resources()}")
 
 
 def _threads(infos: list[RankInfo], fixed: int | None) -> list[int]:
