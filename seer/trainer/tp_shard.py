@@ -142,26 +142,68 @@ def _tp_group(tp_group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     return parallel_state.get_tensor_model_parallel_group()
 
 
+def gather_like(name: str, local: torch.Tensor, arch: HFArch, tp_group: dist.ProcessGroup | None = None
+                ) -> torch.Tensor:
+    """The full tensor laid out like parameter `name` from every TP rank's `local` part (a collective).
+
+    Always a fresh tensor (replicated ones are copied), so it can snapshot grads that a later clip
+    scales in place.
+    """
+    group = _tp_group(tp_group)
+    size = dist.get_world_size(group)
+    parts = [local.detach()]
+    if size > 1 and is_tp_sharded(name):
+        mine = parts[0].contiguous()
+        parts = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(parts, mine, group=group)
+    full = unshard(name, parts, arch)
+    return full.clone() if full is parts[0] else full
+
+
 def gather_state(local_state: Mapping[str, torch.Tensor], arch: HFArch,
                  tp_group: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
     """The full state on every rank of the TP group (a collective: every TP rank must call it).
 
-    One all_gather per sharded tensor, in the mapping's order (GPTModel's, the same on every rank);
-    replicated tensors are copied. Fresh tensors throughout, so it snapshots grads ({name: p.grad})
-    that a later clip would scale in place.
+    One all_gather per sharded tensor, in the mapping's order (GPTModel's, the same on every rank).
+    Works for grads ({name: param.grad}) as well.
     """
-    group = _tp_group(tp_group)
-    size = dist.get_world_size(group)
-    out: dict[str, torch.Tensor] = {}
-    for name, t in local_state.items():
-        parts = [t.detach()]
-        if size > 1 and is_tp_sharded(name):
-            local = parts[0].contiguous()
-            parts = [torch.empty_like(local) for _ in range(size)]
-            dist.all_gather(parts, local, group=group)
-        full = unshard(name, parts, arch)
-        out[name] = full.clone() if full is parts[0] else full  # never alias the local tensor
-    return out
+    return {name: gather_like(name, t, arch, tp_group) for name, t in local_state.items()}
+
+
+def optimizer_param_names(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
+    """Parameter names in the index order of ``optimizer.state_dict()["state"]`` (groups, then params)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _per_param(value: object) -> bool:
+    """An optimizer state entry laid out like its parameter (Adam's moments; not the 0-dim step)."""
+    return isinstance(value, torch.Tensor) and value.ndim > 0
+
+
+def gather_optimizer_state(optimizer_state: Mapping, param_names: Sequence[str], arch: HFArch,
+                           tp_group: dist.ProcessGroup | None = None) -> dict:
+    """A TP rank's ``optimizer.state_dict()`` with every per-parameter tensor made full (a collective).
+
+    The result is TP-free, so a checkpoint saved from it loads at any TP via ``shard_optimizer_state``.
+    """
+    state = {}
+    for idx in sorted(optimizer_state["state"]):
+        entry = optimizer_state["state"][idx]
+        full = {k: gather_like(param_names[idx], v, arch, tp_group) for k, v in sorted(entry.items()) if _per_param(v)}
+        state[idx] = {**entry, **full}
+    return {**optimizer_state, "state": state}
+
+
+def shard_optimizer_state(full_state: Mapping, param_names: Sequence[str], arch: HFArch, tp_rank: int,
+                          tp_size: int) -> dict:
+    """Inverse of ``gather_optimizer_state`` for TP rank tp_rank (pure: no communication)."""
+    state = {
+        idx: {k: shard_like(param_names[idx], v, arch, tp_rank, tp_size) if _per_param(v) else v
+              for k, v in entry.items()}
+        for idx, entry in full_state["state"].items()
+    }
+    return {**full_state, "state": state}
 
 
 def mark_tp_params(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:

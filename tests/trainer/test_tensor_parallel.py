@@ -63,7 +63,12 @@ def _run_case(arch: HFArch, hf: dict[str, torch.Tensor]) -> dict:
     grads = tp_shard.gather_state({n: p.grad for n, p in named}, arch)
     norm = float(tp_shard.tp_grad_norm(named))
     clip_norm = tp_shard.clip_grad_norm_tp(named, MAX_NORM)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer.step()
+    names = tp_shard.optimizer_param_names(optimizer, model)
     return {
+        "names": names, "adam_local": optimizer.state_dict(),
+        "adam_full": tp_shard.gather_optimizer_state(optimizer.state_dict(), names, arch),
         "logits": logits.detach(), "loss": float(loss.detach()), "grads": grads, "norm": norm, "clip_norm": clip_norm,
         "clipped": tp_shard.gather_state({n: p.grad for n, p in named}, arch),
         "clipped_norm": float(tp_shard.tp_grad_norm(named)),
@@ -218,6 +223,19 @@ def test_tp2_matches_tp1(case, tp_results, tiny_qwen2, tiny_llama_tied):
         assert got["clipped_norm"] == pytest.approx(MAX_NORM, rel=NORM_RTOL)
         for name, g in ref["clipped"].items():
             torch.testing.assert_close(got["clipped"][name], g, atol=GRAD_ATOL, rtol=GRAD_RTOL, msg=name)
+        # Adam's moments gathered full equal TP=1's, and reshard exactly to what this rank holds
+        assert got["names"] == ref["names"] and sorted(got["names"]) == sorted(full)
+        full_adam, local_adam = got["adam_full"]["state"], got["adam_local"]["state"]
+        assert full_adam.keys() == ref["adam_full"]["state"].keys() == set(range(len(full)))
+        for idx, entry in ref["adam_full"]["state"].items():
+            assert entry["exp_avg"].shape == full[ref["names"][idx]].shape
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(full_adam[idx][key], entry[key], atol=GRAD_ATOL, rtol=GRAD_RTOL)
+        resharded = tp_shard.shard_optimizer_state(got["adam_full"], got["names"], arch, rank, TP)["state"]
+        for idx, entry in local_adam.items():
+            assert resharded[idx].keys() == entry.keys()
+            for key, value in entry.items():
+                assert torch.equal(resharded[idx][key], value), (got["names"][idx], key)
 
 
 def test_tp1_clip_matches_torch(tiny_qwen2):
