@@ -18,11 +18,23 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors.torch import load_file
 
+from seer.trainer import tp_shard
 from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
 
 
-def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+def tensor_parallel_place() -> tuple[int, int]:
+    """(tp rank, tp size) of this process from Megatron's parallel state; (0, 1) before it exists."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, 1
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
+                       tensor_parallel: int = 1) -> TransformerConfig:
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel,
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.intermediate_size,
@@ -74,19 +86,35 @@ class CausalSDPAttention(DotProductAttention):
         return ctx.permute(2, 0, 1, 3).reshape(ctx.size(2), ctx.size(0), -1)
 
 
-def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32) -> GPTModel:
-    """An uninitialised GPTModel with the HF architecture (call after ``init_megatron``)."""
+def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
+                    padded_vocab_size: int | None = None, parallel_output: bool = False) -> GPTModel:
+    """An uninitialised GPTModel with the HF architecture (call after ``init_megatron``).
+
+    Under tensor parallelism (Megatron's parallel state) the vocab is padded to a multiple of tp
+    unless `padded_vocab_size` says otherwise; ``forward_logits`` slices the padding off again.
+    With ``parallel_output=False`` the output layer all-gathers the vocab-parallel logits, so every
+    TP rank sees the full logits and the losses stay TP-unaware.
+    """
+    _, tp_size = tensor_parallel_place()
+    tp_shard.check_tp(arch, tp_size)
+    vocab = padded_vocab_size or tp_shard.padded_vocab_size(arch.vocab_size, tp_size)
+    if vocab < arch.vocab_size or vocab % tp_size:
+        raise ValueError(f"padded_vocab_size {vocab} must be >= vocab {arch.vocab_size} and a multiple of tp {tp_size}")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = CausalSDPAttention
-    return GPTModel(
-        config=transformer_config(arch, params_dtype),
+    model = GPTModel(
+        config=transformer_config(arch, params_dtype, tp_size),
         transformer_layer_spec=spec,
-        vocab_size=arch.vocab_size,
+        vocab_size=vocab,
         max_sequence_length=arch.max_position_embeddings,
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        parallel_output=parallel_output,
     )
+    model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
+    tp_shard.mark_tp_params(model.named_parameters())
+    return model
 
 
 def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -106,8 +134,14 @@ def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_weights(model: GPTModel, hf_state: dict[str, torch.Tensor], arch: HFArch) -> None:
-    """Copy HF weights into the model; every Megatron parameter must be covered."""
+    """Copy HF weights into the model; every Megatron parameter must be covered.
+
+    Under tensor parallelism each rank loads its own shard (``tp_shard.shard_state``).
+    """
     meg = hf_to_megatron(hf_state, arch)
+    tp_rank, tp_size = tensor_parallel_place()
+    if tp_size > 1:
+        meg = tp_shard.shard_state(meg, arch, tp_rank, tp_size)
     result = model.load_state_dict(meg, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing or result.unexpected_keys:
@@ -115,12 +149,18 @@ def load_hf_weights(model: GPTModel, hf_state: dict[str, torch.Tensor], arch: HF
 
 
 def megatron_weights_as_hf(model: GPTModel, arch: HFArch, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The model's weights under HF names as fresh CPU tensors (no aliasing: safetensors-ready)."""
+    """The model's weights under HF names as fresh CPU tensors (no aliasing: safetensors-ready).
+
+    Under tensor parallelism this is a collective: every TP rank must call it, and each gets the
+    full weights.
+    """
     meg = {
         k: v
         for k, v in model.state_dict().items()
         if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
     }
+    if tensor_parallel_place()[1] > 1:
+        meg = tp_shard.gather_state(meg, arch)
     hf = megatron_to_hf(meg, arch)
     return {k: v.detach().to("cpu", dtype=dtype or v.dtype).clone() for k, v in hf.items()}
 
@@ -133,12 +173,18 @@ def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
-def forward_logits(model: GPTModel, input_ids: torch.Tensor) -> torch.Tensor:
-    """Logits [B, S, V] for right-padded input_ids [B, S].
+def forward_logits(model: GPTModel, input_ids: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """Logits [B, S, V] for right-padded input_ids [B, S], V the real (unpadded) vocab.
 
     Right padding needs no attention mask beyond the causal one: real tokens never attend to
-    the pad positions after them, and pad positions are masked out of every loss.
+    the pad positions after them, and pad positions are masked out of every loss. Padded vocab
+    columns (TP) are sliced off here, before any softmax can see them; `vocab_size` defaults to
+    the one ``build_gpt_model`` recorded.
     """
     b, s = input_ids.shape
     position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
-    return model(input_ids, position_ids, causal_mask(s, input_ids.device))
+    logits = model(input_ids, position_ids, causal_mask(s, input_ids.device))
+    vocab = vocab_size or getattr(model, "real_vocab_size", None)
+    if vocab is not None and logits.shape[-1] > vocab:
+        logits = logits[..., :vocab]
+    return logits
