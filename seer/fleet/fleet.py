@@ -292,7 +292,7 @@ class Fleet:
                 ref = await asyncio.to_thread(self._put_local, ref)
             if not ref.manifest:
                 raise FleetError(f"weight version {version}: a payload without a manifest cannot be checked")
-            manifest = manifest_json(ref.manifest)
+            manifest, delivered = manifest_json(ref.manifest), True
 
             async def place(node: str | None, fresh: bool) -> str:
                 return await self._deliver(node, ref, fresh)
@@ -300,7 +300,7 @@ class Fleet:
             path = ref.local_path
             if path is None:
                 raise FleetError(f"this fleet loads weights from local paths or Ray payloads, not {ref.uri!r}")
-            manifest = ""
+            manifest, delivered = (manifest_json(ref.manifest) if ref.manifest else ""), False
 
             async def place(node: str | None, fresh: bool) -> str:
                 return path
@@ -327,7 +327,7 @@ class Fleet:
         failed = await attempt(list(clients), fresh=False)
         for name, e in failed.items():
             self.notify(f"{name}: loading weight version {version} failed: {_why(e)}; "
-                        + ("re-delivering and retrying once" if manifest else "retrying once"))
+                        + ("re-delivering and retrying once" if delivered else "retrying once"))
         still = await attempt(list(failed), fresh=True) if failed else {}
         if still and len(still) == len(clients):
             raise FleetError(f"weight version {version} could not be loaded into any instance: "
