@@ -166,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--placements", default="one_node,two_nodes", help=f"comma-separated, of {', '.join(PLACEMENTS)}")
     p.add_argument("--repeats", type=int, default=3, help="pushes per model, placement and transport")
     p.add_argument("--out", type=Path, default=OUT, help="results folder")
+    p.add_argument("--render", action="store_true", help="only rewrite weight_push.md from the folder's weight_push.json")
     args = p.parse_args(argv)
+    if args.render:
+        (args.out / "weight_push.md").write_text(markdown(json.loads((args.out / "weight_push.json").read_text())))
+        return 0
     from bench.ray_nodes import RayNodes
     from seer.model import resolve_model
 
@@ -220,7 +224,7 @@ def summarize(rows: list[dict], args, argv: list[str], elapsed_s: float) -> dict
                       "export_s_median": statistics.median(r["export_s"] for r in rs),
                       "delivery_s_median": statistics.median(deliveries) if deliveries else None})
     return {"bench": "weight_push", "date": time.strftime("%Y-%m-%d"), "commit": commit,
-            "uncommitted_changes": dirty, "command": "python -m bench.weight_push " + " ".join(argv),
+            "uncommitted_changes": dirty, "command": " ".join(["python -m bench.weight_push", *argv]),
             "elapsed_s": round(elapsed_s, 1), "load_average": os.getloadavg(), "large_model": LARGE,
             "table": table, "rows": rows}
 
