@@ -79,6 +79,7 @@ class Fleet:
         # {version: record of the delivery} (the newest KEEP_VERSIONS; a node holds nothing older).
         self.weights_key = f"fleet-{secrets.token_hex(6)}"
         self.deliveries: dict[str, dict[int, dict]] = {}
+        self._said_transport = False
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -292,6 +293,12 @@ class Fleet:
                 ref = await asyncio.to_thread(self._put_local, ref)
             if not ref.manifest:
                 raise FleetError(f"weight version {version}: a payload without a manifest cannot be checked")
+            if not self._said_transport:
+                self._said_transport = True
+                where = self.cluster_cfg.weights_dir or "under each node's Ray session directory"
+                nodes = len({s.node.node_id for s in self._live_servers()})
+                self.notify(f"weights travel through Ray to a directory on each of the instances' {nodes} "
+                            f"node(s) ({where}), checked by size and sha256 before they are loaded")
             manifest, delivered = manifest_json(ref.manifest), True
 
             async def place(node: str | None, fresh: bool) -> str:
