@@ -29,6 +29,7 @@ COMMANDS = {
     "default-run": ("bench.default_run", "record a `make run` run directory as a result"),
     "trace-sizes": ("bench.trace_sizes", "sizes of the per-iteration chunk timelines"),
     "cluster-compare": ("bench.cluster_compare", "one Ray node vs two simulated nodes, paired (long)"),
+    "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
 }
 
 

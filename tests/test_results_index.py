@@ -324,3 +324,23 @@ def test_readme_quotes_the_simulated_full_seer_of_the_recording():
     assert m, "README no longer quotes the simulated full Seer"
     for got, name in zip(m.groups(), ("moonlight", "qwen2vl72b", "kimik2")):
         agrees(got, [rec[name]["configs"]["grouped_sd"]["ratio"]], f"README full Seer {name}")
+
+
+# ---------------------------------------------------------------- seer-bench weight-push
+
+def test_weights_doc_table_matches_the_recording():
+    header, rows = table_after(ROOT / "docs" / "weights.md", "## Measured", "model | checkpoint MB")
+    recorded = {(t["model"], t["placement"], t["transport"]): t for t in load("weight_push/weight_push.json")["table"]}
+    place = {"one node (2 instances)": "one_node", "two nodes (1 instance each)": "two_nodes"}
+    assert len(rows) == len(recorded) == 8
+    for row in rows:
+        r = dict(zip(header, row))
+        t = recorded[(r["model"], place[r["placement"]], r["transport"])]
+        what = f"docs/weights.md {r['model']} {r['placement']} {r['transport']}"
+        agrees(r["checkpoint MB"], [t["bytes"] / 1e6], what)
+        agrees(r["push s"], [t["push_s_median"]], what)
+        agrees(r["GB/s per instance"], [t["gb_per_s_per_instance_median"]], what)
+        if t["delivery_s_median"] is None:
+            assert r["delivery s per node"] == "-", what
+        else:
+            agrees(r["delivery s per node"], [t["delivery_s_median"]], what)

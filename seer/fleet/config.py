@@ -19,6 +19,7 @@ class InstancesConfig:
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+WEIGHT_TRANSPORTS = ("auto", "shared-fs", "ray")
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,19 @@ class ClusterConfig:
     gpus_per_instance: int = 0  # GPUs in each instance's bundle (Ray sets its CUDA_VISIBLE_DEVICES)
     connect_timeout_s: float = 60.0  # ray.init has no timeout of its own
     placement_timeout_s: float = 120.0  # how long the placement group may wait for free resources
+    # How a weight version reaches the instances: "shared-fs" (they read the trainer's export
+    # directory), "ray" (its files travel as a Ray object to each node's own directory, checked by
+    # size and sha256), or "auto": shared-fs when every instance runs on the driver's node, else ray.
+    weight_transport: str = "auto"
+    weights_dir: str | None = None  # each node's folder for delivered weights; None: under its Ray session dir
 
     def __post_init__(self) -> None:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"cluster.placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
                              f"got {self.placement_strategy!r}")
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(f"cluster.weight_transport must be one of {', '.join(WEIGHT_TRANSPORTS)}, "
+                             f"got {self.weight_transport!r}")
         if self.address is not None and ":" not in self.address:
             raise ValueError(f"cluster.address must be host:port, got {self.address!r}")
         if self.node_ip in ("127.0.0.1", "localhost", "::1"):

@@ -25,7 +25,8 @@ from seer.fleet.client import InstanceClient
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.fleet.instance import InstanceSpec
 from seer.fleet.pool import InstancePool
-from seer.fleet.weights import StaleWeightsError, push_weights, require_version, weight_version
+from seer.fleet.weight_files import KEEP_VERSIONS, manifest_json
+from seer.fleet.weights import StaleWeightsError, clear_pool, load_into, require_version, weight_version
 from seer.kvpool.config import KVPoolConfig
 from seer.types import WeightsRef
 
@@ -63,7 +64,8 @@ class Fleet:
     use as `async with`. `backends` are the live instances (seer.types.InstanceBackend)."""
 
     def __init__(self, pool: InstancePool, kv=None, dgds=None, notify: Notify | None = None,
-                 placement=None, cluster=None):
+                 placement=None, cluster=None, cluster_cfg: ClusterConfig | None = None,
+                 driver_node: str | None = None):
         self.pool = pool
         self.kv = kv
         self.dgds = dgds
@@ -71,6 +73,13 @@ class Fleet:
         self.dropped: list[Dropped] = []
         self.placement = placement  # seer.fleet.ray_hosts.Placement of launched instances
         self.cluster = cluster  # seer.fleet.ray_cluster.RayCluster
+        self.cluster_cfg = cluster_cfg or ClusterConfig()
+        self.driver_node = driver_node  # the Ray node id of this driver
+        # Weights delivered through Ray: this fleet's folder name on every node, and per node
+        # {version: record of the delivery} (the newest KEEP_VERSIONS; a node holds nothing older).
+        self.weights_key = f"fleet-{secrets.token_hex(6)}"
+        self.deliveries: dict[str, dict[int, dict]] = {}
+        self._said_transport = False
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -138,7 +147,9 @@ class Fleet:
             for part in reversed(started):
                 part.close()
             raise
-        return cls(pool, kv, ds, notify, placement, ray_cluster)
+        from seer.fleet.ray_hosts import driver_node_id
+
+        return cls(pool, kv, ds, notify, placement, ray_cluster, cfg, driver_node_id())
 
     @classmethod
     def attach(cls, urls: list[str], notify: Notify | None = None) -> Fleet:
@@ -164,6 +175,24 @@ class Fleet:
     @property
     def launched(self) -> bool:
         return bool(self.pool.servers)
+
+    @property
+    def weight_transport(self) -> str:
+        """How `load_weights` moves a version to the instances: "shared-fs" (they read the path of
+        the WeightsRef) or "ray" (its files travel through Ray to a directory on each node). A job
+        asks before exporting: "ray" wants a WeightsRef with a payload (the fleet puts a local
+        directory's files into Ray itself otherwise). cluster.weight_transport, where "auto" is
+        shared-fs while every live instance runs on the driver's node; attached instances: shared-fs."""
+        if not self.launched:
+            return "shared-fs"
+        if self.cluster_cfg.weight_transport != "auto":
+            return self.cluster_cfg.weight_transport
+        nodes = {s.node.node_id for s in self._live_servers()}
+        return "shared-fs" if self.driver_node is not None and nodes <= {self.driver_node} else "ray"
+
+    def _live_servers(self) -> list:
+        live = set(self.pool.names)
+        return [s for s in self.pool.servers if s.spec.name in live]
 
     # ---- faults ---------------------------------------------------------------------------
     def nodes(self) -> dict[str, str]:
@@ -244,19 +273,113 @@ class Fleet:
 
     async def load_weights(self, ref: WeightsRef) -> float:
         """Load `ref` into every live instance, drop their prefix caches and the pool's (KV of old
-        weights is never reused), and check each serves `ref.version`. Returns seconds."""
+        weights is never reused), and check each serves `ref.version`. Returns seconds.
+
+        With a payload (or weight_transport "ray") the version's files are first delivered to
+        every node that hosts instances, once per node, into that node's own directory, and each
+        instance loads from its node's copy; the node's host and every worker check the files
+        against the manifest (size, sha256) before anything is applied. An instance whose delivery
+        or load fails is retried once (re-delivered), then dropped with the reason; when every
+        instance fails the fleet cannot go on (FleetError). An instance that refused a version keeps
+        serving its old one, and one that failed mid-load reports no version (-1) until dropped."""
         t0 = time.monotonic()
         await self.revive_services("before the weight update")
+        await self.drop_unhealthy("before the weight update")
+        version = ref.version
+        if ref.payload is not None or self.weight_transport == "ray":
+            if not self.launched:
+                raise FleetError("a weight payload needs launched instances; attached ones load local paths only")
+            if ref.payload is None:
+                ref = await asyncio.to_thread(self._put_local, ref)
+            if not ref.manifest:
+                raise FleetError(f"weight version {version}: a payload without a manifest cannot be checked")
+            if not self._said_transport:
+                self._said_transport = True
+                where = self.cluster_cfg.weights_dir or "under each node's Ray session directory"
+                nodes = len({s.node.node_id for s in self._live_servers()})
+                self.notify(f"weights travel through Ray to a directory on each of the instances' {nodes} "
+                            f"node(s) ({where}), checked by size and sha256 before they are loaded")
+            manifest, delivered = manifest_json(ref.manifest), True
+
+            async def place(node: str | None, fresh: bool) -> str:
+                return await self._deliver(node, ref, fresh)
+        else:
+            path = ref.local_path
+            if path is None:
+                raise FleetError(f"this fleet loads weights from local paths or Ray payloads, not {ref.uri!r}")
+            manifest, delivered = (manifest_json(ref.manifest) if ref.manifest else ""), False
+
+            async def place(node: str | None, fresh: bool) -> str:
+                return path
+
+        clients = {c.name: c for c in self.backends}
+        node_of = {s.spec.name: s.node.node_id for s in self._live_servers() if getattr(s, "node", None)}
+
+        async def attempt(names: list[str], fresh: bool) -> dict[str, Exception]:
+            nodes = sorted({node_of.get(n) for n in names}, key=str)
+            dirs = dict(zip(nodes, await asyncio.gather(*(place(nd, fresh) for nd in nodes), return_exceptions=True)))
+
+            async def one(name: str) -> None:
+                where = dirs[node_of.get(name)]
+                if isinstance(where, BaseException):
+                    raise where
+                await load_into(clients[name], where, version, manifest)
+
+            results = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, Exception):
+                    raise r
+            return {n: r for n, r in zip(names, results) if isinstance(r, Exception)}
+
+        failed = await attempt(list(clients), fresh=False)
+        for name, e in failed.items():
+            self.notify(f"{name}: loading weight version {version} failed: {_why(e)}; "
+                        + ("re-delivering and retrying once" if delivered else "retrying once"))
+        still = await attempt(list(failed), fresh=True) if failed else {}
+        if still and len(still) == len(clients):
+            raise FleetError(f"weight version {version} could not be loaded into any instance: "
+                             + "; ".join(f"{n}: {_why(e)}" for n, e in still.items()))
+        for name, e in still.items():
+            self.drop(name, f"weight version {version} failed to load, twice: {_why(e)}",
+                      "during the weight update")
+
+        async def check(cs):
+            if self.kv_pool_on:
+                await clear_pool(cs[0])
+            await require_version(cs, version)
+
+        await self._on_live("during the weight update", check)
+        return time.monotonic() - t0
+
+    def _put_local(self, ref: WeightsRef) -> WeightsRef:
+        """A local checkpoint directory's files into Ray (from the driver), for nodes that cannot read it."""
+        import ray
+
         path = ref.local_path
         if path is None:
-            raise FleetError(f"this fleet loads weights from local paths only, not {ref.uri!r}")
+            raise FleetError(f"weight version {ref.version}: no payload and no local directory ({ref.uri!r})")
+        files = {f.name: f.read_bytes() for f in sorted(Path(path).iterdir())
+                 if f.is_file() and not f.name.startswith(".")}
+        obj = ray.put(files)
+        return replace(ref, uri=f"ray://{obj.hex()}", payload=obj, manifest=WeightsRef.manifest_of(files))
 
-        async def push(clients):
-            await push_weights(clients, path, ref.version, kv_pool=self.kv_pool_on)
-            await require_version(clients, ref.version)
-
-        await self._on_live("during the weight update", push)
-        return time.monotonic() - t0
+    async def _deliver(self, node: str, ref: WeightsRef, fresh: bool) -> str:
+        """`ref`'s files in `node`'s directory: delivered by one live instance's host on that node
+        (once per node however many instances it hosts); a version the node already holds is
+        reused unless `fresh` (its workers check it again before loading it)."""
+        held = self.deliveries.setdefault(node, {})
+        if not fresh and ref.version in held:
+            return held[ref.version]["dir"]
+        host = next(s for s in self._live_servers() if s.node.node_id == node)
+        t0 = time.monotonic()
+        rec = await asyncio.to_thread(host.deliver_weights, ref.payload, ref.version, ref.manifest,
+                                      self.cluster_cfg.weights_dir, self.weights_key)
+        rec = {**rec, "node": host.node.ip, "version": ref.version, "seconds": time.monotonic() - t0}
+        held.pop(ref.version, None)
+        held[ref.version] = rec
+        while len(held) > KEEP_VERSIONS:  # as the node keeps them: the newest deliveries
+            del held[next(iter(held))]
+        return rec["dir"]
 
     async def versions(self) -> dict[str, int]:
         clients = self.backends
@@ -275,17 +398,33 @@ class Fleet:
         self.close()
 
     def close(self) -> None:
-        """Stop what this fleet launched: instances first, then DGDS and the pool, then Ray."""
+        """Stop what this fleet launched: instances first, then DGDS and the pool, then Ray (and the
+        weights delivered to each node)."""
+        self._remove_deliveries()
         self.pool.close()
         for service in (self.dgds, self.kv, self.placement, self.cluster):
             if service is not None:
                 service.close()
+
+    def _remove_deliveries(self) -> None:
+        for node in list(self.deliveries):
+            host = next((s for s in self.pool.servers if getattr(s, "node", None) is not None
+                         and s.node.node_id == node and not s.lost), None)
+            if host is not None:
+                host.remove_weights(self.cluster_cfg.weights_dir, self.weights_key)
+        self.deliveries.clear()
 
     async def __aenter__(self) -> Fleet:
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+def _why(e: BaseException) -> str:
+    """A failure in one line, named by its type unless its message already says whose it is."""
+    text = " ".join(str(e).split())
+    return text if isinstance(e, (RuntimeError, ValueError)) and text else f"{type(e).__name__}: {text}"
 
 
 def base_spec(i: int, cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> InstanceSpec:

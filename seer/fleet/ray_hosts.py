@@ -10,6 +10,7 @@ fails; the handle then answers "not alive", which is how a lost node's instances
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from seer.fleet.config import ClusterConfig
 from seer.fleet.instance import InstanceSpec, VLLMServer
+from seer.fleet.weight_files import write_version
 from seer.fleet.ray_cluster import ClusterError, NodeInfo
 from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.connector import instance_settings
@@ -62,6 +64,19 @@ class ProcessHost:
         self.proc.start()
         return self.proc.command
 
+    def receive_weights(self, files: dict[str, bytes], version: int, manifest: tuple, root: str | None,
+                        key: str) -> dict:
+        """A weight version's files into this node's directory for the fleet `key`, checked against
+        `manifest` (size and sha256 of every file) before they are written. `files` arrives resolved:
+        the driver passes the trainer's ObjectRef as an argument, so this node fetches it from the
+        node that holds it. Keeps the newest two versions. Returns {dir, bytes, write_s}."""
+        t0 = time.monotonic()
+        out = write_version(files, tuple(tuple(m) for m in manifest), node_weights_root(root) / key, version)
+        return {"dir": str(out), "bytes": sum(len(b) for b in files.values()), "write_s": time.monotonic() - t0}
+
+    def remove_weights(self, root: str | None, key: str) -> None:
+        shutil.rmtree(node_weights_root(root) / key, ignore_errors=True)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.alive()
 
@@ -86,6 +101,24 @@ class ProcessHost:
             self.proc.kill()
 
 
+def node_weights_root(configured: str | None) -> Path:
+    """Where weight versions live on this node: `configured` (cluster.weights_dir), else a folder of
+    this node's Ray session directory (each node's own, under its `--temp-dir`; Ray removes it with
+    the session)."""
+    if configured:
+        return Path(configured)
+    try:
+        return Path(ray._private.worker._global_node.get_session_dir_path()) / "seer_weights"
+    except Exception:  # Ray's private layout moved: the node's temporary directory
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "seer_weights"
+
+
+class WeightDeliveryError(RuntimeError):
+    """A weight version did not reach a node whole (its actor is alive: the delivery may be retried)."""
+
+
 class RemoteProcess:
     """The driver's handle on a ProcessHost actor, with GuardedProcess's interface."""
 
@@ -107,6 +140,33 @@ class RemoteProcess:
         except Exception as e:  # actor or node dead, call timed out, Ray already shut down
             self._lost = f"{self.name}'s actor on node {self.node.ip} is unreachable: {type(e).__name__}"
             raise ClusterError(self._lost) from e
+
+    def deliver_weights(self, payload, version: int, manifest: tuple, root: str | None, key: str,
+                        timeout_s: float = 600.0) -> dict:
+        """Have this actor's node fetch `payload` (a Ray ObjectRef, passed as a top-level argument so
+        Ray resolves it on that node) and write it as a checked version directory; returns its
+        record. A failure of the delivery itself (a mismatch, the object lost, too slow) raises
+        WeightDeliveryError; only a dead actor marks this handle lost."""
+        if self._lost is not None:
+            raise ClusterError(self._lost)
+        try:
+            return ray.get(self.actor.receive_weights.remote(payload, version, manifest, root, key),
+                           timeout=timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            self._lost = f"{self.name}'s actor on node {self.node.ip} is unreachable: {type(e).__name__}"
+            raise ClusterError(self._lost) from e
+        except ray.exceptions.RayTaskError as e:
+            raise WeightDeliveryError(f"delivery of weight version {version} to node {self.node.ip} failed: "
+                                      f"{_first_line(e)}") from e
+        except Exception as e:  # the object lost with its owner, a timeout
+            raise WeightDeliveryError(f"delivery of weight version {version} to node {self.node.ip} failed: "
+                                      f"{type(e).__name__}: {_first_line(e)}") from e
+
+    def remove_weights(self, root: str | None, key: str) -> None:
+        try:
+            self._call("remove_weights", root, key, timeout_s=15.0)
+        except ClusterError:
+            pass
 
     @property
     def lost(self) -> str | None:
@@ -172,6 +232,15 @@ class RemoteServer(RemoteProcess):
     def start(self) -> None:
         self.spec = self._call("start_instance", self.spec, *self._launch, timeout_s=120.0)
         self.started_at = time.monotonic()
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's own message (a RayTaskError's text carries the remote traceback too)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    return lines[-1] if lines else type(e).__name__
 
 
 _Host = ray.remote(ProcessHost)
@@ -248,6 +317,14 @@ class Placement:
             pass
 
 
+def driver_node_id() -> str | None:
+    """The Ray node this process (the driver) runs on."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 def node_alive(node_id: str) -> bool | None:
     """Ray's view of a node (None when Ray cannot be asked)."""
     try:
@@ -256,4 +333,5 @@ def node_alive(node_id: str) -> bool | None:
         return None
 
 
-__all__ = ["Placement", "ProcessHost", "RemoteProcess", "RemoteServer", "node_alive"]
+__all__ = ["Placement", "ProcessHost", "RemoteProcess", "RemoteServer", "WeightDeliveryError", "driver_node_id", "node_alive",
+           "node_weights_root"]

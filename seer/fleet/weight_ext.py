@@ -53,13 +53,23 @@ def _repack_stale_cpu_gemms(model, before: dict) -> list[str]:
 class SeerWeightExtension:
     """Mixed into vLLM's Worker class; `self.model_runner` is the worker's runner."""
 
-    def seer_load_weights(self, path: str, version: str) -> str:
-        """Read HF safetensors from `path` into the running model; returns the version now served."""
+    def seer_load_weights(self, path: str, version: str, manifest_json: str = "") -> str:
+        """Read HF safetensors from `path` into the running model; returns the version now served.
+
+        With a manifest (JSON of [name, size, sha256] per file) every file is checked first: a
+        mismatch raises (seer.fleet.weight_files.WeightsMismatch, naming the file, what was
+        expected and what was found) before anything is applied, so the worker keeps serving
+        its old weights under its old version."""
         from pathlib import Path
 
         from safetensors.torch import load_file
         from vllm.platforms import current_platform
 
+        from seer.fleet.weight_files import check_dir, parse_manifest
+
+        manifest = parse_manifest(manifest_json)
+        if manifest:
+            check_dir(path, manifest)
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {path}")
