@@ -28,8 +28,8 @@ from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches,
 from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import RankPlace, init_megatron
 from seer.trainer.export import checkpoint_files, write_hf_checkpoint
-from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
-from seer.trainer.model import build_gpt_model, forward_logits, read_hf_state_dict
+from seer.trainer.hf_mapping import HFArch
+from seer.trainer.model import build_gpt_model, forward_logits, load_hf_weights, megatron_weights_as_hf, read_hf_state_dict
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
@@ -104,11 +104,11 @@ class Trainer:
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
-        full = hf_to_megatron(read_hf_state_dict(self.hf_path), self.arch)
-        self.model = self._build(full)
+        hf_state = read_hf_state_dict(self.hf_path)
+        self.model = self._build(hf_state)
         self.ref_model = None  # the initial weights, frozen (also after a resume)
         if self.config.kl_coef > 0:
-            self.ref_model = self._build(full).eval().requires_grad_(False)
+            self.ref_model = self._build(hf_state).eval().requires_grad_(False)
         named = list(self.model.named_parameters())
         decay = [(n, p) for n, p in named if p.ndim >= 2]
         no_decay = [(n, p) for n, p in named if p.ndim < 2]
@@ -128,13 +128,9 @@ class Trainer:
         """The rank that writes exports and checkpoints (every rank holds or gathers the same)."""
         return self.place.rank == 0
 
-    def _build(self, full: dict[str, torch.Tensor]) -> torch.nn.Module:
+    def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = build_gpt_model(self.arch, self.dtype)
-        local = self._local_state(full)
-        result = model.load_state_dict(local, strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
-        if missing or result.unexpected_keys:
-            raise KeyError(f"HF -> Megatron mapping mismatch: missing {missing}, unexpected {result.unexpected_keys}")
+        load_hf_weights(model, hf_state, self.arch)  # this rank's shard under tensor parallelism
         return model.to(self.device)
 
     # ---- this rank's share of full tensors (identity at tensor_parallel 1) -----------------
@@ -355,8 +351,7 @@ class Trainer:
 
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Current weights under HF names (fresh CPU tensors: safetensors-ready)."""
-        hf = megatron_to_hf(self._full_state(self._model_state()), self.arch)
-        return {k: v.detach().to("cpu", dtype=dtype or self.dtype).clone() for k, v in hf.items()}
+        return megatron_weights_as_hf(self.model, self.arch, dtype or self.dtype)
 
     def export_hf(self, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write a HF checkpoint dir (config, tokenizer files, model.safetensors) of the current weights."""
