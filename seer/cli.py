@@ -65,12 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     from seer.rundir import RunDirError
     from seer.scheduler import RolloutError
     from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
+    from seer.trainer.errors import TrainerGroupError
 
     try:
         loop.run(cfg, console, resume=args.resume, overwrite=args.overwrite)
-    except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError, RunDirError, PluginError) as e:
+    except (DatasetError, PromptTooLongError, RewardSpecError, CheckpointError, RunDirError, PluginError,
+            ConfigError) as e:
         console.print(f"[red]seer-run: {e}[/]")
         return 2
+    except TrainerGroupError as e:  # a rank failed or was lost: what was committed stays
+        console.print(f"[red]seer-run: {e}; the run directory keeps every committed iteration: continue it "
+                      f"with --resume[/]")
+        return 1
     except (FleetError, RolloutError) as e:  # every instance lost, or a request that keeps failing
         console.print(f"[red]seer-run: {e}[/]")
         return 1

@@ -16,7 +16,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from seer.config import RunConfig
+from seer.config import ConfigError, RunConfig
 from seer.fleet import Fleet, LaunchSettings
 from seer.metrics_log import MetricsLog
 from seer.plugins import resolve
@@ -231,4 +231,4 @@ def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:
     bad = [f"{name} {n}" for name, n in (("num_key_value_heads", kv), ("num_attention_heads", heads),
                                           ("intermediate_size", int(arch["intermediate_size"]))) if n % tp]
     if bad:
-        raise ValueError(f"trainer.tensor_parallel={tp} does not divide the model's {', '.join(bad)} ({model_dir})")
+        raise ConfigError(f"trainer.tensor_parallel={tp} does not divide the model's {', '.join(bad)} ({model_dir})")

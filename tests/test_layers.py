@@ -102,7 +102,7 @@ def test_the_package_graph_has_no_cycle():
 
 @pytest.mark.parametrize("module", ["seer.config", "seer.scheduler", "seer.types", "seer.tasks", "seer.plugins",
                                     "seer.rundir", "seer.dgds.server.config", "seer.kvpool.config",
-                                    "seer.watch.run"])
+                                    "seer.watch.run", "seer.trainer.config", "seer.trainer.metrics", "seer.trainer.errors"])
 def test_light_modules_import_nothing_heavy(module):
     code = (f"import sys, {module}\n"
             f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"

@@ -55,3 +55,19 @@ class TrainerConfig:
     @property
     def world_size(self) -> int:
         return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank sits in the trainer's world."""
+
+    rank: int = 0
+    world_size: int = 1
+    init_method: str | None = None  # tcp://host:port of rank 0's store; None: a private file store
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    timeout_s: float = 600.0  # a collective that waits longer fails (a lost rank), it never hangs
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -19,21 +18,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-
-@dataclass(frozen=True)
-class RankPlace:
-    """Where one rank sits in the trainer's world."""
-
-    rank: int = 0
-    world_size: int = 1
-    init_method: str | None = None  # tcp://host:port of rank 0's store; None: a private file store
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    timeout_s: float = 600.0  # a collective that waits longer fails (a lost rank), it never hangs
-
-    @property
-    def data_parallel(self) -> int:
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+from seer.trainer.config import RankPlace
 
 
 def device() -> torch.device:

@@ -20,13 +20,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from seer.procs import free_port
-from seer.trainer.config import TrainerConfig
-from seer.trainer.distributed import RankPlace
+from seer.trainer.config import RankPlace, TrainerConfig
+from seer.trainer.errors import TrainerGroupError
 from seer.types import RolloutBatch, WeightsRef
-
-
-class TrainerGroupError(RuntimeError):
-    """A rank could not be placed or started, or failed (or was lost) during a call."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +150,8 @@ class TrainerGroup:
             except Exception as e:
                 rank = refs.index(ready[0])
                 where = _where(self.infos[rank] if rank < len(self.infos) else rank)
-                raise TrainerGroupError(f"trainer {where} failed: {type(e).__name__}: {e}") from e
+                first = (str(e).strip().splitlines() or [""])[0]  # Ray appends pages of advice
+                raise TrainerGroupError(f"trainer {where} failed: {type(e).__name__}: {first}") from e
         return ray.get(refs)
 
     # ---- the Trainer's interface -----------------------------------------------------------
