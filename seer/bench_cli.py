@@ -30,6 +30,7 @@ COMMANDS = {
     "trace-sizes": ("bench.trace_sizes", "sizes of the per-iteration chunk timelines"),
     "cluster-compare": ("bench.cluster_compare", "one Ray node vs two simulated nodes, paired (long)"),
     "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
+    "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
 }
 
 
