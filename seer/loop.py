@@ -71,7 +71,7 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
         with watch.phase("training", f"training on iteration {it}"):
             tm = await asyncio.to_thread(trainer.train_step, batch)
         version = trainer.iteration
-        extra.update(tm.record())
+        extra.update(tm.record(), train_ranks=tm.extra.get("ranks"))
         with watch.phase("weight push", f"loading weight version {version} into the instances"):
             t0 = time.monotonic()
             await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version, fleet))

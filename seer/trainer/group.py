@@ -156,7 +156,12 @@ class TrainerGroup:
 
     # ---- the Trainer's interface -----------------------------------------------------------
     def train_step(self, batch: RolloutBatch):
-        metrics = self._all(lambda a, i: a.train_step.remote(batch))[0]
+        """One GRPO step on every rank; rank 0's (global) metrics, with each rank's time in
+        `extra["ranks"]` (rank, node, train_s)."""
+        every = self._all(lambda a, i: a.train_step.remote(batch))
+        metrics = every[0]
+        metrics.extra["ranks"] = [{"rank": r.rank, "node": r.ip, "train_s": round(m.time_s, 4)}
+                                  for r, m in zip(self.infos, every)]
         self.iteration = metrics.iteration
         return metrics
 

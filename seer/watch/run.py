@@ -81,6 +81,13 @@ class RunWatch:
         if self.live is not None:
             self.live.rollout_progress(p)
 
+    def _rank_slices(self, record: dict) -> list[tuple[str, float, float]]:
+        """Each trainer rank's train step, from the start of the training phase (ranks start together)."""
+        start = next((a for name, a, _ in reversed(self.phases) if name == "training"), None)
+        if start is None:
+            return []
+        return [(f"rank {r['rank']} on {r['node']}", start, start + r["train_s"]) for r in record.get("train_ranks") or []]
+
     def end_iteration(self, iteration: int, record: dict, batch: RolloutBatch, version: int,
                       rollout_file: Path) -> None:
         """The iteration's trace file and tracker step; the live endpoint's last reward and version."""
@@ -89,7 +96,7 @@ class RunWatch:
                        for d in record.get("instances_dropped") or []] if batch.phases else []
             trace = build_trace(batch.chunks, batch.telemetry, [*self.phases, *batch.phases],
                                 instances=[i["name"] for i in record.get("instances") or []], dropped=dropped,
-                                nodes=record.get("instance_nodes"),
+                                nodes=record.get("instance_nodes"), ranks=self._rank_slices(record),
                                 metadata={"iteration": iteration, "policy": record.get("policy"),
                                           "weight_version": record.get("weight_version")})
             write_trace(trace_path(rollout_file), trace)

@@ -2,7 +2,7 @@
 and chrome://tracing open, and the project's checker of that format.
 
 Tracks: a "driver" process with the iteration's phases (rollout, reward tail, training, weight
-push, checkpoint), and one process per instance whose threads are lanes of concurrent chunks (a
+push, checkpoint), a "trainer" process with a thread per rank (its train step), and one process per instance whose threads are lanes of concurrent chunks (a
 thread's slices must nest, and chunks on one instance overlap), with counter tracks for its KV
 usage, running and waiting requests and, when speculating, its acceptance length. One slice per
 chunk: request, group, tokens, migrated or not, prefix tokens from the cache/pool vs recomputed.
@@ -62,10 +62,12 @@ def chunk_args(c) -> dict:
 
 def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tuple[str, float, float]] = (), *,
                 instances: Sequence[str] = (), dropped: Iterable[tuple[str, str, float]] = (),
-                t0: float | None = None, metadata: dict | None = None, nodes: dict[str, str] | None = None) -> dict:
+                t0: float | None = None, metadata: dict | None = None, nodes: dict[str, str] | None = None,
+                ranks: Sequence[tuple[str, float, float]] = ()) -> dict:
     """The trace of one rollout from the scheduler's ChunkEvents (or anything with their fields),
     Telemetry samples and (name, start, end) phases, all on one clock in seconds. `nodes` (instance
-    -> node address) names each instance's track with its node and sorts the tracks node by node."""
+    -> node address) names each instance's track with its node and sorts the tracks node by node;
+    `ranks` ((label, start, end) per trainer rank) are the train step's slices, a thread per rank."""
     starts = [c.dispatch_time for c in chunks] + [p[1] for p in phases] + [t.time for t in telemetry]
     if t0 is None:
         t0 = min(starts) if starts else 0.0
@@ -109,6 +111,13 @@ def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tup
             events.append({"ph": "C", "pid": pid, "name": "acceptance_length", "ts": ts,
                            "args": {"acceptance_length": round(1 + accepted / drafts, 3)}})
         prev[t.instance] = t
+    if ranks:  # after the instances: a "trainer" process, a thread per rank
+        pid = len(names) + 1
+        events += [_meta(pid, None, "process_name", "trainer"), _meta(pid, None, "process_sort_index", pid)]
+        for k, (label, a, b) in enumerate(ranks):
+            events += [_meta(pid, k, "thread_name", label), _meta(pid, k, "thread_sort_index", k),
+                       {"ph": "X", "pid": pid, "tid": k, "name": "train step", "cat": "train",
+                        "ts": _us(a, t0), "dur": round(max(0.0, b - a) * 1e6, 3)}]
     for name, why, when in dropped:
         events.append({"ph": "i", "s": "p", "pid": pid_of.get(name, DRIVER_PID), "tid": 0, "name": f"dropped: {why}",
                        "ts": _us(when, t0)})

@@ -117,3 +117,17 @@ def test_tracks_name_their_nodes_and_are_sorted_node_by_node():
                    if ev["ph"] == "M" and ev["name"] == "process_name")
     assert [n for _, n in named] == ["driver", "i0 on 127.0.0.3", "i2 on 127.0.0.3", "i1 on 127.0.0.4"]
     assert sorted(s["instance"] for s in chunk_slices(trace)) == ["i0", "i1", "i2"]  # the instance, not the label
+
+
+def test_trainer_ranks_get_a_track_each_after_the_instances():
+    chunks = [chunk("g0-s0", 0, "i0", 1.0, 2.0)]
+    ranks = [("rank 0 on 127.0.0.3", 2.5, 3.0), ("rank 1 on 127.0.0.4", 2.5, 3.25)]
+    trace = build_trace(chunks, phases=[("training", 2.5, 3.3)], instances=["i0"], ranks=ranks)
+    assert check_trace(trace) == []
+    evs = trace["traceEvents"]
+    [pid] = [ev["pid"] for ev in evs if ev["ph"] == "M" and ev["name"] == "process_name" and ev["args"]["name"] == "trainer"]
+    threads = {ev["tid"]: ev["args"]["name"] for ev in evs if ev["ph"] == "M" and ev["name"] == "thread_name" and ev["pid"] == pid}
+    assert threads == {0: "rank 0 on 127.0.0.3", 1: "rank 1 on 127.0.0.4"}
+    steps = sorted((ev["tid"], ev["dur"]) for ev in evs if ev["ph"] == "X" and ev["pid"] == pid)
+    assert steps == [(0, 500000.0), (1, 750000.0)]
+    assert pid > max(ev["pid"] for ev in evs if ev["ph"] == "X" and ev.get("cat", "").startswith("chunk"))
