@@ -254,6 +254,8 @@ def test_a_run_trains_with_two_data_parallel_ranks_on_two_nodes(ray_two_nodes, t
     # a gradient exactly where some group had a reward spread (the tiny model often has none)
     assert all((r["grad_norm"] > 0) == (r["zero_adv_fraction"] < 1) for r in recs), [
         (r["grad_norm"], r["zero_adv_fraction"]) for r in recs]
+    # the versions travelled through Ray (instances on two nodes): no export directory was written
+    assert "weights travel through Ray" in text and not list(run_dir.glob("weights/*")), text[-2000:]
     assert all(sorted(r["node"] for r in rec["train_ranks"]) == ["127.0.0.3", "127.0.0.4"] for rec in recs[:2])
     trace = json.loads((run_dir / "rollouts" / "iter_0001.trace.json").read_text())
     threads = {ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "thread_name"}
