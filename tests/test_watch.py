@@ -35,7 +35,7 @@ def _cmd(run_dir: Path, urls: list[str], iterations: int, *extra: str) -> list[s
         "instances.urls": "[" + ",".join(urls) + "]", "model.preset": "tiny", "task.num_prompts": 8,
         "rollout.groups_per_iteration": 4, "rollout.group_size": 8, "rollout.max_tokens": 384,
         "scheduler.chunk_size": 64, "logging.backends": "[tensorboard,wandb,mlflow]",
-        "logging.metrics_port": 0, "logging.progress_interval_s": 1,
+        "logging.metrics_port": 0, "logging.metrics_linger_s": 1, "logging.progress_interval_s": 1,
     }
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--train", "off", "--iterations", str(iterations),
            "--run-dir", str(run_dir), *extra]
@@ -216,5 +216,5 @@ def test_metrics_endpoint_answers_during_the_rollout_with_changing_values(watche
         f'seer_instance_kv_usage{{instance="{n}"}}' for n in names}
     last = seen[-1]
     assert last["seer_rollout_finished_requests"] == 32 and last["seer_iteration"] == 0
-    assert last["seer_last_reward_mean"] == pytest.approx(watched_run["records"][0]["reward_mean"])
+    assert last["seer_last_reward_mean"] == pytest.approx(watched_run["records"][0]["reward_mean"]), ([{k: v for k, v in m.items() if "phase" in k or "iteration" in k or "reward" in k or "version" in k} for m in seen[-4:]], len(seen), watched_run["logs"][0][-1500:])
     assert watched_run["scraped"][1][-1]["seer_iteration"] == 1

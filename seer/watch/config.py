@@ -27,6 +27,9 @@ class LoggingConfig:
     # Prometheus /metrics served by the driver on metrics_host; None: off, 0: any free port (printed).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # where /metrics binds (loopback: only this machine can scrape it)
+    # /metrics stays up this long after the run ends, so that a last scrape (Prometheus: every
+    # scrape_interval) sees the final iteration's numbers; 0: it stops with the run.
+    metrics_linger_s: float = 0.0
     # When stdout is not a terminal (a log file), long steps print a line this often instead of a spinner.
     progress_interval_s: float = 15.0
 
@@ -44,6 +47,8 @@ class LoggingConfig:
             out.append(("logging.samples_per_iteration", f"must be >= 0, got {self.samples_per_iteration}"))
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             out.append(("logging.metrics_port", f"must be a port in 0..65535 (0: any free one) or null, got {self.metrics_port}"))
+        if self.metrics_linger_s < 0:
+            out.append(("logging.metrics_linger_s", f"must be >= 0, got {self.metrics_linger_s}"))
         if self.progress_interval_s <= 0:
             out.append(("logging.progress_interval_s", f"must be > 0, got {self.progress_interval_s}"))
         if not self.wandb_project:

@@ -50,6 +50,9 @@ class RunWatch:
     def close(self, failed: bool = False) -> None:
         self.trackers.close(failed)
         if self.live is not None:
+            if self.cfg.metrics_linger_s > 0 and not failed:
+                self._log(f"live metrics stay up {self.cfg.metrics_linger_s:g} s more (logging.metrics_linger_s)")
+                time.sleep(self.cfg.metrics_linger_s)
             self.live.close()
             self.live = None
 
