@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
