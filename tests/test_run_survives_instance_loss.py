@@ -89,7 +89,7 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                 job.kill()
     text = log.read_text()
     # the fleet's message (seer.fleet.Fleet.drop): "instance X dropped <when>: <reason>; continuing with N: ..."
-    when = r"at \+[\d.]+ s of the rollout: dead:" if phase == "rollout" else r"during the weight update: "
+    when = r"at \+[\d.]+ s of the rollout: dead:" if phase == "rollout" else r"(?:before|during) the weight update: "
     # (the console wraps long lines at 160 columns: any whitespace between words)
     dropped = re.findall(rf"instance (inst\d) dropped {when}.*?continuing\s+with\s+1:\s+(inst\d)", text, re.S)
     assert len(dropped) == 1, text[-3000:]
