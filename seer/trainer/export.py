@@ -23,10 +23,17 @@ _WEIGHT_FILES = (
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> Path:
+    """`data` at `path` under a temporary name renamed into place, so a reader never sees half a
+    file; `durable` fsyncs it first (checkpoints: a crash right after must leave the new file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    return path
 
 
 def checkpoint_files(hf_state: dict[str, torch.Tensor], src_dir: str | Path, dtype: torch.dtype) -> dict[str, bytes]:
@@ -67,5 +74,5 @@ def write_checkpoint_files(files: dict[str, bytes], out_dir: str | Path) -> Path
     for stale in _WEIGHT_FILES[1:]:
         (out_dir / stale).unlink(missing_ok=True)
     for name in sorted(files, key=lambda n: n == "config.json"):
-        _atomic_write_bytes(out_dir / name, files[name])
+        atomic_write_bytes(out_dir / name, files[name])
     return out_dir

@@ -10,7 +10,6 @@ so no extra forward pass is spent on them.
 from __future__ import annotations
 
 import io
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, shard_by_tokens
 from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import RankPlace, init_megatron
-from seer.trainer.export import checkpoint_files, write_hf_checkpoint
+from seer.trainer.export import atomic_write_bytes, checkpoint_files, write_hf_checkpoint
 from seer.trainer.hf_mapping import HFArch
 from seer.trainer.model import build_gpt_model, forward_logits, load_hf_weights, megatron_weights_as_hf, read_hf_state_dict
 
@@ -127,6 +126,17 @@ class Trainer:
     def is_writer(self) -> bool:
         """The rank that writes exports and checkpoints (every rank holds or gathers the same)."""
         return self.place.rank == 0
+
+    @property
+    def gathers_for_writer(self) -> bool:
+        """Whether this rank takes part in what the writer exports: rank 0's tensor-parallel group
+        (data-parallel replica 0) gathers the shards; the other replicas hold copies and do nothing."""
+        return self.dp_rank == 0
+
+    def join_export(self) -> None:
+        """A non-writing rank's part in an export: its shards gathered with the writer's (no files)."""
+        if self.gathers_for_writer and self.tp_size > 1:
+            self.hf_state_dict()
 
     def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
         model = build_gpt_model(self.arch, self.dtype)
@@ -421,7 +431,10 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
 
     def checkpoint_bytes(self) -> bytes | None:
-        """The checkpoint serialised (on the writing rank; None on the others, which still gather)."""
+        """The checkpoint serialised (on the writing rank; None on the others: its tensor-parallel
+        peers still gather, the other data-parallel replicas skip the work)."""
+        if not self.gathers_for_writer:
+            return None
         state = self.state_dict()
         if not self.is_writer:
             return None
@@ -439,9 +452,7 @@ class Trainer:
         data = self.checkpoint_bytes()
         if data is not None:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
-            tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, ckpt_dir / CHECKPOINT_FILE)
+            atomic_write_bytes(ckpt_dir / CHECKPOINT_FILE, data, durable=True)
         return ckpt_dir / CHECKPOINT_FILE
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> int:
