@@ -19,7 +19,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from seer.procs import free_port
+from seer.procs import free_port, remote_error_line
 from seer.trainer.config import RankPlace, TrainerConfig
 from seer.trainer.errors import TrainerGroupError
 from seer.types import RolloutBatch, WeightsRef
@@ -67,15 +67,16 @@ class TrainerRank:
         """Rank 0 writes the HF directory (the others only take part in gathering the weights)."""
         if self.trainer.is_writer:
             return str(self.trainer.export_hf(out_dir))
-        self.trainer.hf_state_dict()
+        self.trainer.join_export()
         return None
 
     def publish(self) -> tuple[list, tuple] | None:
         """Rank 0 puts the HF checkpoint's files in Ray's object store, owned here: instance nodes
         fetch them from this node. Returns ([the ObjectRef], its manifest)."""
-        files = self.trainer.export_files()
         if not self.trainer.is_writer:
+            self.trainer.join_export()
             return None
+        files = self.trainer.export_files()
         return [ray.put(files)], WeightsRef.manifest_of(files)
 
     def checkpoint_bytes(self) -> bytes | None:
@@ -132,7 +133,7 @@ class TrainerGroup:
         try:
             return ray.get(ref, timeout=timeout_s)
         except Exception as e:
-            raise TrainerGroupError(f"a trainer rank failed: {type(e).__name__}: {e}") from e
+            raise TrainerGroupError(f"a trainer rank failed: {remote_error_line(e)}") from e
 
     def _all(self, method, timeout_s: float | None = None) -> list:
         """`method(actor, rank)` on every rank; the first rank to fail fails the call at once (its
@@ -150,8 +151,7 @@ class TrainerGroup:
             except Exception as e:
                 rank = refs.index(ready[0])
                 where = _where(self.infos[rank] if rank < len(self.infos) else rank)
-                first = (str(e).strip().splitlines() or [""])[0]  # Ray appends pages of advice
-                raise TrainerGroupError(f"trainer {where} failed: {type(e).__name__}: {first}") from e
+                raise TrainerGroupError(f"trainer {where} failed: {remote_error_line(e)}") from e
         return ray.get(refs)
 
     # ---- the Trainer's interface -----------------------------------------------------------
@@ -180,18 +180,13 @@ class TrainerGroup:
         return WeightsRef(version, f"ray://{refs[0].hex()}", payload=refs[0], manifest=manifest)
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
+        from seer.trainer.export import atomic_write_bytes
         from seer.trainer.trainer import CHECKPOINT_FILE
 
         data = self._all(lambda a, i: a.checkpoint_bytes.remote())[0]
         ckpt_dir = Path(ckpt_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, ckpt_dir / CHECKPOINT_FILE)
-        return ckpt_dir / CHECKPOINT_FILE
+        return atomic_write_bytes(ckpt_dir / CHECKPOINT_FILE, data, durable=True)
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> int:
         from seer.trainer.trainer import CHECKPOINT_FILE
@@ -203,10 +198,6 @@ class TrainerGroup:
     def apply(self, fn) -> list:
         """`fn(trainer)` on every rank at once (it may run collectives); each rank's result."""
         return self._all(lambda a, i: a.apply.remote(fn))
-
-    @property
-    def rank0_ip(self) -> str:
-        return self.infos[0].ip
 
     def describe(self) -> str:
         c = self.config
