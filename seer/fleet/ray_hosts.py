@@ -26,7 +26,7 @@ from seer.fleet.ray_cluster import ClusterError, NodeInfo
 from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.connector import instance_settings
 from seer.kvpool.processes import PoolEndpoints, store_process
-from seer.procs import GuardedProcess, cpu_sets, free_port
+from seer.procs import GuardedProcess, cpu_sets, free_port, remote_error_line
 from seer.procs.process import _children
 
 CALL_TIMEOUT_S = 30.0
@@ -155,12 +155,9 @@ class RemoteProcess:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
             self._lost = f"{self.name}'s actor on node {self.node.ip} is unreachable: {type(e).__name__}"
             raise ClusterError(self._lost) from e
-        except ray.exceptions.RayTaskError as e:
+        except Exception as e:  # the host raised (a mismatch), the object lost with its owner, a timeout
             raise WeightDeliveryError(f"delivery of weight version {version} to node {self.node.ip} failed: "
-                                      f"{_first_line(e)}") from e
-        except Exception as e:  # the object lost with its owner, a timeout
-            raise WeightDeliveryError(f"delivery of weight version {version} to node {self.node.ip} failed: "
-                                      f"{type(e).__name__}: {_first_line(e)}") from e
+                                      f"{remote_error_line(e)}") from e
 
     def remove_weights(self, root: str | None, key: str) -> None:
         try:
@@ -232,15 +229,6 @@ class RemoteServer(RemoteProcess):
     def start(self) -> None:
         self.spec = self._call("start_instance", self.spec, *self._launch, timeout_s=120.0)
         self.started_at = time.monotonic()
-
-
-def _first_line(e: BaseException) -> str:
-    """An exception's own message (a RayTaskError's text carries the remote traceback too)."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    lines = [x for x in str(e).splitlines() if x.strip()]
-    return lines[-1] if lines else type(e).__name__
 
 
 _Host = ray.remote(ProcessHost)

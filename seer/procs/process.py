@@ -97,3 +97,14 @@ def _children(pid: int) -> list[int]:
         if ppid == pid:
             out.append(int(d.name))
     return out
+
+
+def remote_error_line(e: BaseException) -> str:
+    """An error from another process (a Ray actor's call) in one line, "Type: message": the remote
+    exception itself when it travelled with the error, else the first line (Ray appends pages of
+    advice and the remote traceback)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
