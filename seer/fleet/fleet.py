@@ -197,8 +197,7 @@ class Fleet:
     # ---- faults ---------------------------------------------------------------------------
     def nodes(self) -> dict[str, str]:
         """Each live launched instance's node address (empty for attached instances)."""
-        return {s.spec.name: s.node.ip for s in self.pool.servers
-                if getattr(s, "node", None) is not None and s.spec.name in self.pool.names}
+        return {s.spec.name: s.node.ip for s in self._live_servers() if getattr(s, "node", None) is not None}
 
     def where(self, name: str) -> str | None:
         """The node of a launched instance, and whether Ray still counts it alive."""

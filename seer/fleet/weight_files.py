@@ -44,7 +44,7 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _mismatches(manifest: Manifest, size_of, sha_of, where: str) -> list[str]:
+def _mismatches(manifest: Manifest, size_of, sha_of) -> list[str]:
     bad = []
     for name, size, sha in manifest:
         found = size_of(name)
@@ -67,7 +67,7 @@ def check_bytes(files: dict[str, bytes], manifest: Manifest, where: str = "the p
     if not manifest:
         raise WeightsMismatch(f"{where}: no manifest to check the weight files against")
     _raise(_mismatches(manifest, lambda n: len(files[n]) if n in files else None,
-                       lambda n: hashlib.sha256(files[n]).hexdigest(), where), where)
+                       lambda n: hashlib.sha256(files[n]).hexdigest()), where)
 
 
 def check_dir(path: str | Path, manifest: Manifest) -> None:
@@ -80,7 +80,7 @@ def check_dir(path: str | Path, manifest: Manifest) -> None:
         except FileNotFoundError:
             return None
 
-    _raise(_mismatches(manifest, size_of, lambda n: sha256_file(path / n), str(path)), str(path))
+    _raise(_mismatches(manifest, size_of, lambda n: sha256_file(path / n)), str(path))
 
 
 def version_dir(base: str | Path, version: int) -> Path:
