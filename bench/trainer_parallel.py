@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.provenance import code_version
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "trainer_parallel"
 IPS = ["127.0.0.3", "127.0.0.4"]
@@ -231,14 +233,6 @@ def run_learning(run_dir: Path, sets: dict, env: dict, iterations: int) -> dict:
 
 
 # ---- the driver --------------------------------------------------------------------------------
-def _commit() -> tuple[str, bool]:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "seer", "bench"],
-                                capture_output=True, text=True).stdout.strip())
-    return commit, dirty
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--job"]:
@@ -266,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = [str(c) for c in sorted(os.sched_getaffinity(0))[:2]]
     tmp = Path(tempfile.mkdtemp(prefix="seer-tp-", dir="/tmp"))
     nodes = RayNodes(tmp / "nodes")
-    commit, dirty = _commit()
+    commit, dirty = code_version()
     result = {"bench": "trainer_parallel", "date": time.strftime("%Y-%m-%d"), "commit": commit,
               "uncommitted_changes": dirty, "command": " ".join(["python -m bench.trainer_parallel", *argv]),
               "settings": {"sequences": args.sequences, "steps": args.steps, "iterations": args.iterations,

@@ -36,6 +36,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.provenance import code_version
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "weight_push"
 LARGE = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -208,10 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(rows: list[dict], args, argv: list[str], elapsed_s: float) -> dict:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "seer", "bench"],
-                                capture_output=True, text=True).stdout.strip())
+    commit, dirty = code_version()
     table = []
     for key in sorted({(r["model"], r["placement"], r["transport"]) for r in rows},
                       key=lambda k: (k[0] != "default", k[0], k[1], k[2] != "shared-fs")):
