@@ -66,7 +66,7 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
     lat, stats = out["lat"], out["stats"]
     async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 1 << 28)]) as ch:
         stub = pb_grpc.DraftServerStub(ch)
-        stream = stub.SyncStream(metadata=md)
+        stream = _LaneStream(address, token) if a.transport == "lane" else stub.SyncStream(metadata=md)
         gen = -1
         await asyncio.sleep(max(0.0, t0 - time.time()))
         tick = t0 + rng.random() * a.interval
@@ -79,7 +79,9 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
                 gids = [f"it{gen}-b{block}-g{k}" for k in range(a.requests)]
                 rid = f"s{sample}"
                 for g in gids:
-                    await stub.RegisterGroup(pb.RegisterGroupRequest(group_id=g, ttl_seconds=a.ttl), timeout=30, metadata=md)
+                    r = await stub.RegisterGroup(pb.RegisterGroupRequest(group_id=g, ttl_seconds=a.ttl), timeout=30, metadata=md)
+                if a.transport == "lane":
+                    await stream.connect(r.sync_lane_port)
                 born = time.time()
                 phase = [rng.random() for _ in gids]
                 base = [rng.randrange(POOL) for _ in gids]
@@ -107,7 +109,10 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
             except grpc.RpcError as e:
                 stats["errors"] += 1
                 print(f"instance {inst}: {e.code().name} {e.details()}", file=sys.stderr)
-                stream = stub.SyncStream(metadata=md)
+                if a.transport == "lane":
+                    await stream.connect(stream.port)
+                else:
+                    stream = stub.SyncStream(metadata=md)
                 await asyncio.sleep(0.1)
                 continue
             if timed:
@@ -130,6 +135,47 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
             else:
                 tick = time.time()
                 stats["late"] += 1
+
+
+class _LaneStream:
+    """The sync lane (seer/dgds/server/lane.py) with a SyncStream call's write/read, on asyncio."""
+
+    def __init__(self, address: str, token: str):
+        self.host, self.token, self.port = address.rsplit(":", 1)[0], token, 0
+        self.reader = self.writer = None
+
+    async def connect(self, port: int) -> None:
+        from seer.dgds.server.lane import HELLO, frame
+
+        if self.writer is not None and port == self.port:
+            return
+        if self.writer is not None:
+            self.writer.close()
+        self.port = port
+        self.reader, self.writer = await asyncio.open_connection(self.host, port)
+        self.writer.write(frame(HELLO + self.token.encode()))
+        await self._read()
+
+    async def _read(self) -> bytes:
+        import grpc
+
+        from seer.dgds.server.lane import LaneError
+
+        n = int.from_bytes(await self.reader.readexactly(4), "little")
+        data = await self.reader.readexactly(n)
+        if data[0] != 0:
+            raise LaneError(grpc.StatusCode.UNKNOWN, data[1:].decode(errors="replace"))
+        return data[1:]
+
+    async def write(self, req) -> None:
+        from seer.dgds.server.lane import frame
+
+        self.writer.write(frame(req.SerializeToString()))
+
+    async def read(self):
+        from seer.dgds.server.proto import dgds_pb2 as pb
+
+        return pb.SyncResponse.FromString(await self._read())
 
 
 def _load(a: argparse.Namespace, address: str, token: str, ids: list[int], t0: float, window: tuple[float, float], q) -> None:
@@ -174,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttl", type=float, default=5.0, help="group TTL: memory must level off")
     ap.add_argument("--processes", type=int, default=1, help="load generator processes (instances split across them)")
     ap.add_argument("--server-cpu", type=int, default=0, help="core the server is pinned to (-1: not pinned)")
+    ap.add_argument("--transport", choices=("lane", "grpc"), default="lane",
+                    help="the server's sync lane (plain TCP, what DraftClient uses) or its gRPC SyncStream")
+    ap.add_argument("--eager-trees", action="store_true",
+                    help="the server builds every group's tree as tokens come (seer-dgds serve --eager-trees) "
+                         "instead of on a first server-side draft, which this load never asks for")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON, table and PNG go")
     ap.add_argument("--name", default="dgds_load", help="file name of the JSON, table and PNG")
     a = ap.parse_args(argv)
@@ -191,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_urlsafe(32)
     server = subprocess.Popen(
         [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--port", "0", "--reap-interval", "0.5",
-         "--log-level", "WARNING"], stdout=subprocess.PIPE, text=True, env={**os.environ, "SEER_DGDS_TOKEN": token},
+         "--log-level", "WARNING", *(["--eager-trees"] if a.eager_trees else [])], stdout=subprocess.PIPE, text=True, env={**os.environ, "SEER_DGDS_TOKEN": token},
         preexec_fn=(lambda: os.sched_setaffinity(0, {a.server_cpu})) if pinned else None)
     if a.client_cpus:
         os.sched_setaffinity(0, a.client_cpus)
@@ -236,9 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     tot = {k: sum(r["stats"][k] for r in results) for k in results[0]["stats"]}
     (w0, c0), (w1, c1) = cpu_window
     cpu_s = c1 - c0
-    sync = server_lat.get("SyncStream", {})
+    sync = server_lat.get("SyncLane" if a.transport == "lane" else "SyncStream", {})
     reg = server_lat.get("RegisterGroup", {})
+    from bench.provenance import code_version
+
+    commit, dirty = code_version()
     summary = {
+        "commit": commit + ("+uncommitted" if dirty else ""), "transport": a.transport,
+        "server_trees": "eager" if a.eager_trees else "lazy",
         "instances": a.instances, "requests_per_instance": a.requests, "group_size": a.group_size,
         "tokens_per_s_per_request": a.tokens_per_s, "update_tokens": a.update_tokens, "interval_s": a.interval,
         "seconds": a.seconds, "offered_tokens_per_s": round(a.instances * a.requests * a.tokens_per_s),

@@ -337,3 +337,58 @@ def test_the_built_core_matches_its_source():
     source = Path(suffix_tree.__file__).with_name("_suffix_core.c")
     assert _suffix_core.SOURCE_SHA256 == hashlib.sha256(source.read_bytes()).hexdigest()
     assert suffix_tree.COMPILED and SuffixTree(8).compiled
+
+
+def _dump_with_refs(tree):
+    """Every node in the core's layout: counts, lengths, edge references, sibling order."""
+    return tree._c.dump()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=100), min_size=1, max_size=5),
+       st.sampled_from([2, 3, 5, 16, 64]), st.integers(0, 10**6), st.integers(0, 400))
+def test_a_lazy_tree_builds_the_eager_tree_when_first_read_and_then_follows_it(seqs, depth, seed, read_at):
+    """A lazy tree (the draft server's) holds tokens and log only; its first read replays the log
+    into the very nodes (edge references and sibling order included) an eager tree built token by
+    token, and every later append keeps the two the same; its log answers as the eager one's all along."""
+    from seer.dgds.tree.suffix_tree import log_fetch
+
+    rng = random.Random(seed)
+    eager, lazy = SuffixTree(depth, log=True), SuffixTree(depth, log=True, lazy=True)
+    ids = [(eager.add_sequence(), lazy.add_sequence()) for _ in seqs]
+    pos, sent = [0] * len(seqs), 0
+    while any(p < len(s) for p, s in zip(pos, seqs)):
+        i = rng.choice([i for i, s in enumerate(seqs) if pos[i] < len(s)])
+        chunk = seqs[i][pos[i] : pos[i] + rng.randint(1, 12)]
+        pos[i] += len(chunk)
+        eager.extend(ids[i][0], chunk)
+        lazy.extend(ids[i][1], chunk)
+        sent += len(chunk)
+        assert lazy.num_tokens == eager.num_tokens and lazy.seqs == eager.seqs
+        assert log_fetch([lazy.core], [0], [0], 10**9) == log_fetch([eager.core], [0], [0], 10**9)
+        if lazy.deferred and sent >= read_at:
+            assert lazy.count(()) == eager.num_tokens  # a read: the tree is built here
+            assert not lazy.deferred
+        if not lazy.deferred:
+            assert _dump_with_refs(lazy) == _dump_with_refs(eager)
+    assert lazy.num_nodes == eager.num_nodes and not lazy.deferred
+    assert _dump_with_refs(lazy) == _dump_with_refs(eager)
+    ctx = seqs[0][: len(seqs[0]) // 2]
+    params = DraftParams(6, 1, 6, 2, 0.0)
+    assert draft(lazy, ctx, params) == draft(eager, ctx, params)
+
+
+def test_a_lazy_tree_is_built_by_whichever_read_comes_first():
+    for read in (lambda t: t.count([1, 2]), lambda t: draft(t, [1, 2], DraftParams(4, 1, 4, 1, 0.0)),
+                 lambda t: t.num_nodes, lambda t: t.root, lambda t: t.snapshot()):
+        eager, lazy = SuffixTree(8, log=True), SuffixTree(8, log=True, lazy=True)
+        for t in (eager, lazy):
+            a, b = t.add_sequence(), t.add_sequence()
+            t.extend(a, [1, 2, 3, 1, 2, 4])
+            t.extend(b, [1, 2, 3])
+            t.append_at(a, 6, bytes([1, 0, 0, 0, 2, 0, 0, 0]), 0, 2, 1000)
+        assert lazy.deferred and lazy.num_tokens == 11
+        read(lazy)
+        assert not lazy.deferred and lazy.snapshot() == eager.snapshot()
+    with pytest.raises(ValueError, match="log=True"):
+        SuffixTree(8, lazy=True)  # a lazy tree without a log to replay

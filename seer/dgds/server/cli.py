@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=50061, help="0 picks a free port (printed on start)")
     serve.add_argument("--max-depth", type=int, default=64, help="suffix tree depth bound")
     serve.add_argument("--max-groups", type=int, default=Limits.max_groups)
+    serve.add_argument("--no-sync-lane", action="store_true",
+                       help="no sync lane (plain-TCP Sync messages on a second port): clients sync over gRPC")
+    serve.add_argument("--eager-trees", action="store_true",
+                       help="build every group's tree as tokens arrive (default: on the first BatchSpeculate "
+                            "that names the group; clients with replicas never ask)"),
     serve.add_argument("--max-tokens-per-update", type=int, default=Limits.max_tokens_per_update)
     serve.add_argument("--reap-interval", type=float, default=1.0, help="seconds between TTL sweeps")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get at shutdown")
@@ -58,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update)
     server = DgdsServer(args.host, args.port, max_depth=args.max_depth, limits=limits,
-                        reap_interval_s=args.reap_interval, token=token).start()
+                        reap_interval_s=args.reap_interval, token=token, lazy_trees=not args.eager_trees,
+                        sync_lane=not args.no_sync_lane).start()
     auth = "secret required" if token else "no secret: --insecure"
-    print(f"seer-dgds ({auth}) serving on {server.address}", flush=True)
+    lane = f", sync lane on port {server.lane_port}" if server.lane_port else ""
+    print(f"seer-dgds ({auth}{lane}) serving on {server.address}", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,9 +5,9 @@ Decoding must never wait on the draft server, so the caller-facing methods only 
 * ``register_group(group_id, ttl_seconds)`` and ``append(group_id, request_id, tokens)`` enqueue and
   return at once (O(1)); a background thread registers groups, applies the appended tokens to the
   local replica of each group, and every cycle sends one packed message on a long-lived stream
-  (``SyncStream``): the requests' unsent tokens in batches of ``update_batch_tokens`` per request,
-  and, every ``fetch_interval_s``, the fetch of all its groups' increments (the other instances'
-  tokens) in the same message.
+  (the server's sync lane, plain TCP, where it has one; else ``SyncStream``): the requests' unsent
+  tokens in batches of ``update_batch_tokens`` per request, and, every ``fetch_interval_s``, the
+  fetch of all its groups' increments (the other instances' tokens) in the same message.
 * ``batch_speculate(rows)`` drafts for many requests at once from the local replicas: no RPC.
 
 If the server is unreachable, groups stay unregistered (no replica) and speculation returns empty
@@ -47,6 +47,7 @@ from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.replica import GroupReplica, ReplicaGap
 from seer.dgds.server.config import TOKEN_ENV
 from seer.dgds.server.grpc_server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY, auth_metadata
+from seer.dgds.server.lane import LaneClient, LaneError
 from seer.dgds.types import Draft, SpeculateRow
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,11 @@ class DraftClient:
         self._stub = pb_grpc.DraftServerStub(self._channel)
         self._metadata = auth_metadata(token if token is not None else os.environ.get(TOKEN_ENV))
         self._stream: _Stream | None = None
+        self._max_message_bytes = max_message_bytes
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._lane_port = 0  # the server's sync lane (RegisterGroupResponse), 0: use the gRPC stream
+        self._lane: LaneClient | None = None
+        self._lane_unreachable = 0  # a lane port that could not be reached: not tried again
         self._lock = threading.Lock()  # guards _groups and the replicas
         # (kind, group_id, request_id, tokens, ttl): deque appends are atomic, so callers never lock
         self._inbox: deque[tuple[str, str, str, list[int] | None, float]] = deque()
@@ -271,6 +277,8 @@ class DraftClient:
         self._thread.join(timeout=5.0)
         if self._stream is not None:
             self._stream.close()
+        if self._lane is not None:
+            self._lane.close()
         self._channel.close()
 
     def __enter__(self) -> DraftClient:
@@ -359,7 +367,30 @@ class DraftClient:
             return None, e
 
     def _exchange(self, request: pb.SyncRequest) -> pb.SyncResponse | None:
-        """One message on the stream (opened when needed, dropped after any error)."""
+        """One message on the sync lane if the server has one, else on the gRPC stream (each opened
+        when needed, dropped after any error). A lane that cannot be reached is not tried again
+        until a registration names it anew (a restarted server): the stream carries the syncs."""
+        if self._lane_port:
+            try:
+                if self._lane is None:
+                    host = self.address.rsplit(":", 1)[0].strip("[]")
+                    try:
+                        self._lane = LaneClient(host, self._lane_port, self._token, self.rpc_timeout_s,
+                                                self._max_message_bytes)
+                    except LaneError as e:
+                        if e.code() == grpc.StatusCode.UNAVAILABLE:
+                            log.info("dgds sync lane %s:%d unreachable (%s): syncing over gRPC", host,
+                                     self._lane_port, e.details())
+                            self._lane_unreachable, self._lane_port = self._lane_port, 0
+                        raise
+                return pb.SyncResponse.FromString(self._lane.exchange(request.SerializeToString(), self.rpc_timeout_s))
+            except LaneError as e:
+                self._stats["rpc_errors"] += 1
+                log.debug("sync failed on the lane: %s %s", e.code(), e.details())
+                if self._lane is not None:
+                    self._lane.close()
+                self._lane = None
+                return None
         try:
             if self._stream is None:
                 self._stream = _Stream(self._stub, self._metadata)
@@ -419,6 +450,10 @@ class DraftClient:
                     continue
                 g.registered = True
                 g.resume = False
+                if resp.sync_lane_port not in (self._lane_port, self._lane_unreachable):
+                    if self._lane is not None:
+                        self._lane.close()
+                    self._lane, self._lane_port = None, resp.sync_lane_port
                 if g.replica is None or g.replica.tree.max_depth != resp.max_depth:
                     old = g.replica
                     g.replica = GroupReplica(gid, resp.max_depth)

@@ -269,12 +269,19 @@ def check_params(params: DraftParams, limits: Limits) -> None:
 
 class GroupStore:
     """Thread-safe registry of groups. One lock: Python runs one thread at a time anyway, and a
-    single lock keeps every operation atomic with respect to TTL expiry."""
+    single lock keeps every operation atomic with respect to TTL expiry.
 
-    def __init__(self, max_depth: int = 64, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic):
+    ``lazy_trees``: a group's tree is built on the first server-side draft (``speculate``) from its
+    log, not token by token as appends come. Clients that keep replicas (every Seer instance) draft
+    from those and never ask, so the server only keeps logs; a client that does ask pays for the
+    build once, then the tree follows every append."""
+
+    def __init__(self, max_depth: int = 64, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic,
+                 lazy_trees: bool = True):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
         self.max_depth = max_depth
+        self.lazy_trees = lazy_trees
         self.limits = limits
         self.clock = clock
         self._groups: dict[str, GroupState] = {}
@@ -306,7 +313,7 @@ class GroupStore:
                     self._reap_locked(now)
                 if len(self._groups) >= self.limits.max_groups:
                     raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
-                g = GroupState(group_id, SuffixTree(self.max_depth, log=True), ttl_seconds, now + ttl_seconds)
+                g = GroupState(group_id, SuffixTree(self.max_depth, log=True, lazy=self.lazy_trees), ttl_seconds, now + ttl_seconds)
                 self._groups[group_id] = g
                 self._cores[group_id] = g.tree.core
                 self._fast[group_id] = (g, g.tree.core, g.request_index, g.pending, g.request_ids)
@@ -513,7 +520,8 @@ class GroupStore:
                 "groups": len(groups),
                 "requests": sum(len(g.request_ids) for g in groups),
                 "tokens": sum(g.tree.num_tokens for g in groups),
-                "nodes": sum(g.tree.num_nodes for g in groups),
+                "nodes": sum(g.tree.num_nodes for g in groups if not g.tree.deferred),  # (unbuilt: none)
+                "trees_built": sum(not g.tree.deferred for g in groups),
                 "log_segments": sum(g.tree.log_size for g in groups),
                 "expired_total": self.expired_total,
             }

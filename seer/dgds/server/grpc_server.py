@@ -28,6 +28,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from seer.dgds.server.group_store import (DgdsError, GroupStore, Limits, Malformed, SyncBatch, TooLarge, UnknownGroups,
                                           Update)
+from seer.dgds.server.lane import LaneProtocol
 from seer.dgds.server.metrics import RpcMetrics
 from seer.dgds.server.proto import dgds_pb2 as pb
 from seer.dgds.types import DraftParams
@@ -138,6 +139,7 @@ class DraftServicer:
     def __init__(self, store: GroupStore, metrics: RpcMetrics):
         self.store = store
         self.metrics = metrics
+        self.lane_port = 0  # the sync lane's, once bound (0: none)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, for grpc.aio.Server.add_generic_rpc_handlers."""
@@ -151,7 +153,7 @@ class DraftServicer:
     @_rpc(pb.RegisterGroupRequest)
     def RegisterGroup(self, request: pb.RegisterGroupRequest) -> pb.RegisterGroupResponse:
         depth = self.store.register(request.group_id, request.ttl_seconds, request.resume)
-        return pb.RegisterGroupResponse(max_depth=depth)
+        return pb.RegisterGroupResponse(max_depth=depth, sync_lane_port=self.lane_port)
 
     @_rpc(pb.FinishGroupRequest)
     def FinishGroup(self, request: pb.FinishGroupRequest) -> pb.FinishGroupResponse:
@@ -299,8 +301,13 @@ class DgdsServer:
         max_message_bytes: int = 64 * 1024 * 1024,
         reap_interval_s: float = 1.0,
         token: str | None = None,
+        lazy_trees: bool = True,
+        sync_lane: bool = True,
     ):
-        self.store = GroupStore(max_depth, limits)
+        self.store = GroupStore(max_depth, limits, lazy_trees=lazy_trees)
+        self._lane: asyncio.base_events.Server | None = None  # the sync lane (seer/dgds/server/lane.py)
+        self._lane_conns: set = set()
+        self.lane_port = 0
         self.metrics = RpcMetrics()
         self._reap_interval_s = reap_interval_s
         self._loop = asyncio.new_event_loop()
@@ -309,7 +316,7 @@ class DgdsServer:
         self._stopped = False
         self._reaper: asyncio.Task | None = None
         try:
-            self.port = self._run(self._bind(host, port, max_message_bytes, token))
+            self.port = self._run(self._bind(host, port, max_message_bytes, token, sync_lane))
         except BaseException:
             self._close_loop()
             raise
@@ -321,7 +328,7 @@ class DgdsServer:
     def _run(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _bind(self, host: str, port: int, max_message_bytes: int, token: str | None) -> int:
+    async def _bind(self, host: str, port: int, max_message_bytes: int, token: str | None, sync_lane: bool) -> int:
         self.health = health_aio.HealthServicer()
         self._server = grpc.aio.server(
             interceptors=[_RequireToken(token)] if token else None,
@@ -331,12 +338,20 @@ class DgdsServer:
                 ("grpc.so_reuseport", 0),  # a second server on this port fails instead of sharing it
             ],
         )
-        self._server.add_generic_rpc_handlers((DraftServicer(self.store, self.metrics).handler(),))
+        servicer = DraftServicer(self.store, self.metrics)
+        self._server.add_generic_rpc_handlers((servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         try:
-            return self._server.add_insecure_port(f"{host}:{port}")
+            bound = self._server.add_insecure_port(f"{host}:{port}")
         except RuntimeError:
             return 0
+        if sync_lane and bound:  # on the same address, a port of its own
+            self._lane = await asyncio.get_running_loop().create_server(
+                lambda: LaneProtocol(servicer._sync_raw, self.metrics.observe, _status_of, token, max_message_bytes,
+                                     self._lane_conns),
+                host, 0)
+            servicer.lane_port = self.lane_port = self._lane.sockets[0].getsockname()[1]
+        return bound
 
     def start(self) -> DgdsServer:
         self._run(self._start())
@@ -369,6 +384,10 @@ class DgdsServer:
             self._reaper.cancel()
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
+        if self._lane is not None:  # (after the gRPC calls' grace: a lane message is answered at once)
+            self._lane.close()
+            for t in list(self._lane_conns):
+                t.close()
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

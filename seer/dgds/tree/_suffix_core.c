@@ -16,7 +16,11 @@
  * extend call a segment (sequence, start, length) and the tokens as uint32, in order. `append_at`
  * appends a slice of a packed little-endian uint32 buffer when it continues its sequence, and
  * `log_fetch` answers the fetches of a whole packed Sync message (many trees, from each one's log
- * offset) as two byte strings. `sync_packed` does a whole serialized Sync message of the draft
+ * offset) as two byte strings. `Tree(max_depth, log=True, lazy=True)` defers the tree itself: its
+ * extends keep only the tokens and the log, and the first read of the tree (a draft, count, dump or
+ * num_nodes) builds it by replaying the log in order, which gives the very nodes an eager tree has
+ * (see materialize()); a draft server whose clients all draft from their own replicas then never
+ * pays for a tree it would not read. `sync_packed` does a whole serialized Sync message of the draft
  * server (GroupStore.sync: parse, fetches, appends, the serialized answer) with no Python step per
  * group, append, segment or token. suffix_tree.py holds the same in Python, the reference.
  *
@@ -87,6 +91,8 @@ typedef struct {
     int64_t log_n, log_cap;
     uint32_t *log_tok; /* the segments' tokens, in order */
     int64_t log_ntok, log_tokcap;
+    int deferred;  /* Tree(log=True, lazy=True) before its first read: tokens and log only, no nodes */
+    int64_t ntok;  /* tokens in all sequences (the root's count once the tree is built) */
 } Tree;
 
 static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
@@ -509,11 +515,12 @@ static int extend_begin(Tree *t, int32_t sid, Py_ssize_t n) {
         s->tok = tok;
         s->cap = (int32_t)ncap;
     }
+    t->version++;
+    if (t->deferred) return 0;
     int32_t *act = s->act + s->astart;
     warm_seq(t, s, n);
     /* Other sequences may have repeated some open leaves since (count 2 now): still a prefix. */
     while (s->lo && ND(act[s->lo - 1]).count != 1) s->lo--;
-    t->version++;
     return 0;
 }
 
@@ -534,7 +541,15 @@ static Py_ssize_t extend_tree(Tree *t, int32_t sid, const int64_t *vals, Py_ssiz
     if (n <= 0) return 0;
     if (extend_begin(t, sid, n) < 0) return 0;
     int32_t start = t->seqs[sid].len;
-    for (; done < n; done++) {
+    if (t->deferred) { /* the tokens only (room reserved by extend_begin): materialize() steps them */
+        Seq *s = &t->seqs[sid];
+        memcpy(s->tok + s->len, vals, (size_t)n * sizeof(int64_t));
+        s->len += (int32_t)n;
+        t->ntok += n;
+        extend_end(t, sid, start, vals, n);
+        return n;
+    }
+    for (; done < n; done++, t->ntok++) {
         if (reserve(t, t->max_depth + 1) < 0) break;
         step(t, sid, vals[done]);
     }
@@ -582,6 +597,15 @@ static int extend_batch(Job *jobs, Py_ssize_t k) {
         while (nwin < BATCH_WINDOW && next < k) { /* start the next jobs */
             Job *j = &jobs[next++];
             if (j->n == 0) continue;
+            if (j->t->deferred) { /* no steps to interleave */
+                j->done = extend_tree(j->t, j->sid, j->vals, j->n);
+                if (j->done < j->n) {
+                    for (Py_ssize_t b = next; b < k; b++) jobs[b].n = 0;
+                    j->n = j->done;
+                    return -1;
+                }
+                continue;
+            }
             if (extend_begin(j->t, j->sid, j->n) < 0) {
                 for (Py_ssize_t b = next - 1; b < k; b++) jobs[b].n = 0;
                 return -1;
@@ -594,6 +618,7 @@ static int extend_batch(Job *jobs, Py_ssize_t k) {
             Tree *t = j->t;
             if (reserve(t, t->max_depth + 1) < 0) return -1;
             step(t, j->sid, j->vals[j->done]);
+            t->ntok++;
             if (++j->done < j->n) {
                 prep_step(t, j->sid, j->vals[j->done]);
                 w++;
@@ -604,6 +629,47 @@ static int extend_batch(Job *jobs, Py_ssize_t k) {
             }
         }
     }
+}
+
+/* Build a deferred tree: every logged segment's tokens stepped in log order, as the eager tree
+ * stepped them when they came, so nodes, counts, edge references and sibling order are the same.
+ * 0, or -1 with MemoryError: the tree is then reset to empty nodes and stays deferred, so that a
+ * later read retries from the log. */
+static int materialize(Tree *t) {
+    if (!t->deferred) return 0;
+    t->deferred = 0;
+    for (int32_t i = 0; i < t->nseqs; i++) {
+        Seq *s = &t->seqs[i];
+        s->len = 0, s->astart = 0, s->na = 0, s->lo = 0; /* (the tokens stay: step writes them back) */
+    }
+    int64_t t0 = 0, ok = 1;
+    for (int64_t g = 0; g < t->log_n && ok; g++) {
+        const int64_t *seg = t->log_seg + 4 * g;
+        Seq *s = &t->seqs[seg[0]];
+        /* (extend_begin's: other sequences may have repeated some open leaves since) */
+        while (s->lo && ND(s->act[s->astart + s->lo - 1]).count != 1) s->lo--;
+        for (int64_t j = t0; j < seg[3]; j++) {
+            if (reserve(t, t->max_depth + 1) < 0) {
+                ok = 0;
+                break;
+            }
+            step(t, (int32_t)seg[0], s->tok[s->len]);
+        }
+        t0 = seg[3];
+    }
+    if (ok) {
+        t->version++;
+        return 0;
+    }
+    /* out of memory: back to a deferred tree with only the root, every sequence at its full length */
+    for (int32_t i = 0; i < t->nseqs; i++) t->seqs[i].len = 0, t->seqs[i].na = t->seqs[i].astart = t->seqs[i].lo = 0;
+    for (int64_t g = 0; g < t->log_n; g++) t->seqs[t->log_seg[4 * g]].len += (int32_t)t->log_seg[4 * g + 2];
+    PyMem_Free(t->tab);
+    t->tab = NULL, t->mask = 0, t->tab_used = 0;
+    t->num_nodes = 1, t->nodes_top = 1, t->free_head = NONE;
+    ND(0).first = NONE, ND(0).nkids = 0, ND(0).count = 0;
+    t->deferred = 1;
+    return -1;
 }
 
 static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
@@ -701,7 +767,7 @@ static PyObject *Tree_append_at(Tree *t, PyObject *const *args, Py_ssize_t nargs
     }
     Seq *s = &t->seqs[sid];
     if (n <= 0 || prev != s->len) return PyLong_FromLong(-1);
-    if (ND(0).count + n > max_tokens) return PyLong_FromLong(-2);
+    if (t->ntok + n > max_tokens) return PyLong_FromLong(-2);
     Py_buffer view;
     if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) return NULL;
     if (off < 0 || (off + n) * 4 > view.len) {
@@ -811,6 +877,7 @@ static int tail_values(PyObject *seq, Py_ssize_t want, int64_t *buf, Py_ssize_t 
 }
 
 static PyObject *Tree_count(Tree *t, PyObject *pattern) {
+    if (materialize(t) < 0) return NULL;
     PyObject *fast = PySequence_Fast(pattern, "pattern must be a sequence of token ids");
     if (fast == NULL) return NULL;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
@@ -1184,6 +1251,7 @@ static PyObject *Tree_draft(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
     }
     int rank = 1;
     if (nargs == 3 && (rank = PyObject_IsTrue(args[2])) < 0) return NULL;
+    if (materialize(t) < 0) return NULL;
     PyObject *params = args[1];
     Py_ssize_t max_spec, lmin, lmax, topk;
     if (get_ssize(params, s_max_spec, &max_spec) < 0 || get_ssize(params, s_lmin, &lmin) < 0 ||
@@ -1254,6 +1322,7 @@ static PyObject *Tree_draft(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
 /* Every node, parents first: (parent's position in the list or -1, count, length, ref_seq,
  * ref_idx, growing). SuffixTree builds its Python view of a compiled tree from it. */
 static PyObject *Tree_dump(Tree *t, PyObject *Py_UNUSED(ignored)) {
+    if (materialize(t) < 0) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     int32_t *queue = PyMem_Malloc((size_t)(t->num_nodes + 1) * sizeof(int32_t));
@@ -1298,8 +1367,16 @@ done:
 }
 
 static PyObject *Tree_get_seqs(Tree *t, void *closure) { return Py_NewRef(t->pyseqs); }
-static PyObject *Tree_get_num_nodes(Tree *t, void *closure) { return PyLong_FromLongLong(t->num_nodes); }
-static PyObject *Tree_get_num_tokens(Tree *t, void *closure) { return PyLong_FromLongLong(ND(0).count); }
+static PyObject *Tree_get_num_nodes(Tree *t, void *closure) {
+    if (materialize(t) < 0) return NULL;
+    return PyLong_FromLongLong(t->num_nodes);
+}
+static PyObject *Tree_get_deferred(Tree *t, void *closure) { return PyBool_FromLong(t->deferred); }
+static PyObject *Tree_materialize(Tree *t, PyObject *Py_UNUSED(ignored)) {
+    if (materialize(t) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+static PyObject *Tree_get_num_tokens(Tree *t, void *closure) { return PyLong_FromLongLong(t->ntok); }
 static PyObject *Tree_get_max_depth(Tree *t, void *closure) { return PyLong_FromLong(t->max_depth); }
 static PyObject *Tree_get_version(Tree *t, void *closure) { return PyLong_FromUnsignedLongLong(t->version); }
 static PyObject *Tree_get_log_size(Tree *t, void *closure) { return PyLong_FromLongLong(t->log_n); }
@@ -1832,7 +1909,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         Py_ssize_t sid = idx ? PyLong_AsSsize_t(idx) : -1;
         if (sid == -1 && PyErr_Occurred()) goto done;
         if (sid < 0 || sid >= t->nseqs || !PyDict_Check(pending) || PyDict_GET_SIZE(pending) || al->v[k] == 0 ||
-            (int64_t)ap->v[k] != t->seqs[sid].len || t->mark == epoch || ND(0).count + (int64_t)al->v[k] > max_group)
+            (int64_t)ap->v[k] != t->seqs[sid].len || t->mark == epoch || t->ntok + (int64_t)al->v[k] > max_group)
             simple = 0;
         t->mark = epoch;
         asid[k] = (int32_t)sid;
@@ -1885,7 +1962,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
             Py_ssize_t sid = idx ? PyLong_AsSsize_t(idx) : -1;
             if (sid == -1 && PyErr_Occurred()) goto done;
             if (sid >= 0 && sid < t->nseqs && PyDict_Check(pending) && PyDict_GET_SIZE(pending) == 0 && m > 0 &&
-                (int64_t)ap->v[k] == t->seqs[sid].len && ND(0).count + m <= max_group) {
+                (int64_t)ap->v[k] == t->seqs[sid].len && t->ntok + m <= max_group) {
                 Seq *s = &t->seqs[sid];
                 Py_ssize_t len0 = s->len;
                 if (list_append_u32(s, tokp + 4 * off, m, vals) < 0) {
@@ -2018,9 +2095,13 @@ done:
 /* ---- the type --------------------------------------------------------------------------------- */
 
 static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"max_depth", "log", NULL};
-    int max_depth = 64, log_on = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ip:Tree", kw, &max_depth, &log_on)) return -1;
+    static char *kw[] = {"max_depth", "log", "lazy", NULL};
+    int max_depth = 64, log_on = 0, lazy = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ipp:Tree", kw, &max_depth, &log_on, &lazy)) return -1;
+    if (lazy && !log_on) {
+        PyErr_SetString(PyExc_ValueError, "a lazy tree needs log=True (it is built by replaying its log)");
+        return -1;
+    }
     if (max_depth < 2 || max_depth > (1 << 20)) {
         PyErr_SetString(PyExc_ValueError, "max_depth must be in [2, 2**20]");
         return -1;
@@ -2031,6 +2112,7 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
     }
     t->max_depth = max_depth;
     t->log_on = log_on;
+    t->deferred = lazy;
     t->free_head = NONE;
     if ((t->scratch = PyMem_Malloc((size_t)(max_depth + 1) * sizeof(int32_t))) == NULL) {
         PyErr_NoMemory();
@@ -2070,12 +2152,14 @@ static PyMethodDef Tree_methods[] = {
     {"draft", (PyCFunction)(void (*)(void))Tree_draft, METH_FASTCALL,
      "draft(context, params[, rank]) -> (paths, match_len): drafting.draft"},
     {"dump", (PyCFunction)Tree_dump, METH_NOARGS, "every node, parents first (see SuffixTree.root)"},
+    {"materialize", (PyCFunction)Tree_materialize, METH_NOARGS, "build a lazy tree now (any read does)"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef Tree_getset[] = {
     {"seqs", (getter)Tree_get_seqs, NULL, "the sequences (lists of ints; do not mutate)", NULL},
-    {"num_nodes", (getter)Tree_get_num_nodes, NULL, NULL, NULL},
+    {"num_nodes", (getter)Tree_get_num_nodes, NULL, "(builds a lazy tree)", NULL},
+    {"deferred", (getter)Tree_get_deferred, NULL, "a lazy tree not built yet (no nodes)", NULL},
     {"num_tokens", (getter)Tree_get_num_tokens, NULL, NULL, NULL},
     {"max_depth", (getter)Tree_get_max_depth, NULL, NULL, NULL},
     {"version", (getter)Tree_get_version, NULL, "bumped by every extend", NULL},

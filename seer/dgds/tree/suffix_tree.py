@@ -99,17 +99,22 @@ class SuffixTree:
     ``log``: also keep the append log (the draft server's trees): every extend call is a segment
     (sequence, start, length) and its tokens, which ``log_fetch`` hands out; token ids must then
     be in [0, 2**32). ``append_at`` appends from a packed buffer (see ``_suffix_core.c``).
+    ``lazy`` (with ``log``, compiled only): keep just the tokens and the log until the tree is first
+    read (a draft, ``count``, ``root``, ``num_nodes``), then build it from the log: the same tree,
+    paid for only by a server that drafts from it (``deferred`` says whether it is still unbuilt).
     """
 
-    def __init__(self, max_depth: int = 64, compiled: bool | None = None, log: bool = False):
+    def __init__(self, max_depth: int = 64, compiled: bool | None = None, log: bool = False, lazy: bool = False):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
+        if lazy and not log:
+            raise ValueError("a lazy tree needs log=True (it is built by replaying its log)")
         if compiled and not COMPILED:
             raise RuntimeError(f"a compiled tree was asked for, but {PURE_PYTHON_ENV}=1 is set")
         self.max_depth = max_depth
         self._c = None
         if COMPILED and compiled is not False:
-            self._c = c = _CORE.Tree(max_depth, log=log)
+            self._c = c = _CORE.Tree(max_depth, log=log, lazy=lazy)
             self.seqs: list[list[int]] = c.seqs  # kept by the core (read only)
             # The core's own methods, bound on the instance: an append costs no Python frame.
             self.extend = c.extend  # type: ignore[method-assign]
@@ -165,7 +170,8 @@ class SuffixTree:
         if c is None:
             return self._root
         if self._view is None or self._view[0] != c.version:
-            self._view = (c.version, self._build_view(c.dump()))
+            rows = c.dump()  # (builds a lazy tree first, which bumps its version)
+            self._view = (c.version, self._build_view(rows))
         return self._view[1]
 
     def _build_view(self, rows: list[tuple[int, int, int, int, int, int]]) -> Node:
@@ -182,6 +188,11 @@ class SuffixTree:
             nodes.append(node)
         nodes[0].children = nodes[0].children or {}
         return nodes[0]
+
+    @property
+    def deferred(self) -> bool:
+        """A lazy tree not built yet: it holds tokens and log, no nodes."""
+        return self._c is not None and self._c.deferred
 
     @property
     def num_nodes(self) -> int:

@@ -33,10 +33,12 @@ class RegisterGroupRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RegisterGroupResponse(_message.Message):
-    __slots__ = ("max_depth",)
+    __slots__ = ("max_depth", "sync_lane_port")
     MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_LANE_PORT_FIELD_NUMBER: _ClassVar[int]
     max_depth: int
-    def __init__(self, max_depth: _Optional[int] = ...) -> None: ...
+    sync_lane_port: int
+    def __init__(self, max_depth: _Optional[int] = ..., sync_lane_port: _Optional[int] = ...) -> None: ...
 
 class FinishGroupRequest(_message.Message):
     __slots__ = ("group_id",)

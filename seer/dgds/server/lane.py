@@ -1,0 +1,206 @@
+"""The sync lane: `Sync` messages over a plain TCP connection beside the gRPC server.
+
+A gRPC stream message costs the draft server more than the work it carries: gRPC's asyncio server
+hands every read and write between its poller threads and the event loop (wake-ups, context
+switches, Cython and Python frames), several times the compiled core's own time per message
+(docs/dgds.md, "Under load"). The lane carries the very same serialized `SyncRequest` /
+`SyncResponse` bytes, answered by the same `DraftServicer` code, on one socket read and one write
+per message in the server's event loop thread. Everything else (registration, finish, metrics,
+server-side drafts, and clients that do not know the lane) stays on gRPC; a client learns the lane's
+port from `RegisterGroupResponse.sync_lane_port` and falls back to the gRPC stream when it cannot
+use it.
+
+Framing, both ways: a little-endian uint32 length, then that many bytes. A client's first frame is
+the hello: `HELLO` followed by the run's secret (nothing after it if the server has none); the
+server answers one status frame and, if the secret is wrong, closes. After it, each client frame is
+one serialized SyncRequest and each server frame one status byte (0: OK, else a grpc.StatusCode
+value) followed by the serialized SyncResponse, or by the error's UTF-8 text, after which the
+server closes the connection (as an aborted stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+import struct
+import time
+
+import grpc
+
+from seer.dgds.server.group_store import DgdsError
+
+log = logging.getLogger(__name__)
+
+HELLO = b"seer-dgds-lane/1 "
+MAX_HELLO_BYTES = 4096
+HELLO_TIMEOUT_S = 10.0
+_LEN = struct.Struct("<I")
+OK = 0
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def frame(payload: bytes, status: int | None = None) -> bytes:
+    """One frame: the length, the status byte (server frames after the hello) and the payload."""
+    head = b"" if status is None else bytes((status,))
+    return _LEN.pack(len(head) + len(payload)) + head + payload
+
+
+class LaneProtocol(asyncio.Protocol):
+    """One client connection on the server's event loop: the hello, then `sync(raw) -> bytes`
+    per frame. ``sync`` raises DgdsError for what the gRPC stream would abort with."""
+
+    def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set):
+        self._sync, self._observe, self._status_of = sync, observe, status_of
+        self._open = open_set  # the server's open connections, closed when it stops
+        self._hello = HELLO + (token or "").encode()
+        self._max = max_message_bytes
+        self._buf = bytearray()
+        self._authed = False
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._open.add(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timer = asyncio.get_running_loop().call_later(HELLO_TIMEOUT_S, self._hello_late)
+
+    def _hello_late(self) -> None:
+        if not self._authed:
+            self._fail(grpc.StatusCode.UNAUTHENTICATED, "no hello within the time allowed")
+
+    def connection_lost(self, exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._transport is not None:
+            self._open.discard(self._transport)
+        self._transport = None
+
+    def pause_writing(self) -> None:  # a client that does not read its answers: stop reading it
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    def _fail(self, code: grpc.StatusCode, message: str) -> None:
+        t = self._transport
+        if t is not None:
+            t.write(frame(message.encode(), code.value[0]))
+            t.close()
+            self._open.discard(t)
+            self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while self._transport is not None and len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            limit = self._max if self._authed else MAX_HELLO_BYTES
+            if n > limit:
+                self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"frame of {n} bytes over the limit of {limit}")
+                return
+            if len(buf) < 4 + n:
+                return
+            payload = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            if self._authed:
+                self._answer(payload)
+            elif hmac.compare_digest(payload, self._hello):
+                self._authed = True
+                self._transport.write(frame(b"", OK))
+            else:
+                self._fail(grpc.StatusCode.UNAUTHENTICATED, "wrong hello or secret")
+
+    def _answer(self, raw: bytes) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self._sync(raw)
+        except DgdsError as e:
+            self._observe("SyncLane", time.perf_counter() - t0, False)
+            code, _ = self._status_of(e)
+            self._fail(code, str(e))
+            return
+        self._observe("SyncLane", time.perf_counter() - t0, True)
+        self._transport.write(frame(out if type(out) is bytes else out.SerializeToString(), OK))
+
+
+class LaneError(grpc.RpcError):
+    """A lane failure, shaped as the gRPC errors DraftClient already handles."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):
+        return ()
+
+
+class LaneClient:
+    """A blocking client connection (DraftClient's background thread): ``exchange`` sends one
+    serialized SyncRequest and returns the serialized SyncResponse; LaneError on any failure,
+    after which the connection is closed."""
+
+    def __init__(self, host: str, port: int, token: str | None, timeout_s: float, max_message_bytes: int):
+        self._max = max_message_bytes
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as e:
+            raise LaneError(grpc.StatusCode.UNAVAILABLE, f"sync lane {host}:{port}: {e}") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._io(lambda: self._sock.sendall(frame(HELLO + (token or "").encode())), timeout_s)
+        self._read_status(timeout_s)
+
+    def _io(self, fn, timeout_s: float):
+        try:
+            self._sock.settimeout(timeout_s)
+            return fn()
+        except socket.timeout:
+            self.close()
+            raise LaneError(grpc.StatusCode.DEADLINE_EXCEEDED, "sync lane: no answer in time") from None
+        except OSError as e:
+            self.close()
+            raise LaneError(grpc.StatusCode.UNAVAILABLE, f"sync lane: {e}") from None
+
+    def _recv_exactly(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self._sock.recv(min(n - len(out), 1 << 20))
+            if not chunk:
+                raise ConnectionResetError("the server closed the sync lane")
+            out += chunk
+        return bytes(out)
+
+    def _read_status(self, timeout_s: float) -> bytes:
+        def read() -> bytes:
+            (n,) = _LEN.unpack(self._recv_exactly(4))
+            if n < 1 or n > self._max + 1:
+                raise ConnectionResetError(f"sync lane: a frame of {n} bytes")
+            return self._recv_exactly(n)
+
+        data = self._io(read, timeout_s)
+        if data[0] != OK:
+            self.close()
+            raise LaneError(_CODES.get(data[0], grpc.StatusCode.UNKNOWN), data[1:].decode(errors="replace"))
+        return data[1:]
+
+    def exchange(self, raw: bytes, timeout_s: float) -> bytes:
+        self._io(lambda: self._sock.sendall(frame(raw)), timeout_s)
+        return self._read_status(timeout_s)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
