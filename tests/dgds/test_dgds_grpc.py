@@ -169,7 +169,7 @@ def test_clients_share_group_context_through_the_server(server):
         assert a.replica("g").tree.snapshot() == server_tree == b.replica("g").tree.snapshot()
         assert a.stats().unacked_tokens == 0 and a.stats().rpc_errors == 0
         # a group the server lost (a restart: it never heard of it) is registered again and resent
-        server.store._groups.clear()
+        server.store.forget_all()
         a.append("g", "r0", [18])
         assert a.sync(5) or a.sync(5)
         assert server.store.tree("g").seqs[0] == sibling + [18]

@@ -136,13 +136,16 @@ def _store_state(store: GroupStore) -> dict:
 
 
 @pytest.mark.skipif(not suffix_tree.COMPILED, reason="the compiled sync against GroupStore.sync")
-@pytest.mark.parametrize("lazy,check_every", [(False, 1), (True, 1), (True, 97)], ids=["eager", "lazy", "lazy-read-late"])
-def test_compiled_sync_answers_as_group_store_sync(lazy, check_every):
+@pytest.mark.parametrize("lazy,check_every,cached", [(False, 1, False), (True, 1, False), (True, 97, False), (True, 7, True)],
+                         ids=["eager", "lazy", "lazy-read-late", "one-connection"])
+def test_compiled_sync_answers_as_group_store_sync(lazy, check_every, cached):
     """GroupStore.sync_raw (the whole message in C) against GroupStore.sync on the same messages:
     in-order, duplicate, overlapping, gapped, conflicting and empty appends, a request twice, new
     requests, unknown and ended groups, fetches cut by max_tokens; same answers, trees and logs.
     The reference's trees are eager; lazy trees are compared (so built) after every message, or
-    only every 97th, so that most appends land in unbuilt trees."""
+    only every 97th, so that most appends land in unbuilt trees. ``cached``: every message comes
+    on one connection, which keeps its group lookup, naming one of a few group lists again and
+    again while groups are finished, registered again and expire between messages."""
     rng = random.Random(11)
     clock = [100.0]
     fast = GroupStore(8, Limits(max_tokens_per_group=400), clock=lambda: clock[0], lazy_trees=lazy)
@@ -155,9 +158,18 @@ def test_compiled_sync_answers_as_group_store_sync(lazy, check_every):
         s.finish("g3")  # ended: answered in ended_groups
     lens = {}  # (group, request) -> tokens sent so far
     answered = 0
+    cache = [None] if cached else None
+    lists = [rng.sample(gids, rng.randint(1, 5)) for _ in range(3)]
     for msg in range(400):
         clock[0] += 0.5
-        names = rng.sample(gids, rng.randint(1, 5))
+        names = rng.choice(lists) if cached else rng.sample(gids, rng.randint(1, 5))
+        if cached and msg % 11 == 5:  # membership changes between messages
+            g, drop = rng.choice(gids), rng.random() < 0.5
+            for s in (fast, ref):
+                if drop and g in s._groups:
+                    s.finish(g)
+                else:
+                    s.register(g, 3 + int(g[1:]))  # (short leases: some expire on the clock)
         req = pb.SyncRequest(group_ids=names, max_tokens=rng.choice([0, 0, 5, 40]))
         toks: list[int] = []
         for _ in range(rng.randint(0, 6)):
@@ -186,7 +198,7 @@ def test_compiled_sync_answers_as_group_store_sync(lazy, check_every):
             with pytest.raises(type(e)):
                 fast.sync_raw(raw)
             continue
-        got = fast.sync_raw(raw)
+        got = fast.sync_raw(raw, cache)
         assert got is not None
         assert pb.SyncResponse.FromString(got) == expected, msg
         if msg % check_every == 0:

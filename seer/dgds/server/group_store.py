@@ -22,7 +22,7 @@ import threading
 from array import array
 from collections import OrderedDict
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Callable, Sequence
 
 from seer.dgds.tree.drafting import draft
@@ -180,16 +180,36 @@ class GroupState:
     """One group: its tree, the request -> sequence map, the append log and its lease.
 
     The log lives in the tree (``SuffixTree(log=True)``): every extend of it is a segment, which
-    ``log_fetch`` hands out packed.
+    ``log_fetch`` hands out packed. So does the lease (``ttl``, ``expires_at``: the tree's core
+    holds them), which the compiled Sync then renews with no Python call per append.
     """
 
     group_id: str
     tree: SuffixTree
-    ttl: float
-    expires_at: float
+    lease_ttl: InitVar[float]
+    lease_expires_at: InitVar[float]
     request_index: dict[str, int] = field(default_factory=dict)
     request_ids: list[str] = field(default_factory=list)
     pending: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def __post_init__(self, lease_ttl: float, lease_expires_at: float) -> None:
+        self.ttl, self.expires_at = lease_ttl, lease_expires_at
+
+    @property
+    def ttl(self) -> float:
+        return self.tree.core.ttl
+
+    @ttl.setter
+    def ttl(self, value: float) -> None:
+        self.tree.core.ttl = value
+
+    @property
+    def expires_at(self) -> float:
+        return self.tree.core.expires_at
+
+    @expires_at.setter
+    def expires_at(self, value: float) -> None:
+        self.tree.core.expires_at = value
 
     def seq_of(self, request_id: str) -> int:
         idx = self.request_index.get(request_id)
@@ -288,6 +308,7 @@ class GroupStore:
         self._cores: dict[str, object] = {}  # group id -> its tree's core (what log_fetch takes)
         # group id -> (state, core, request_index, pending, request_ids): what sync_packed reads
         self._fast: dict[str, tuple] = {}
+        self._epoch = 0  # bumped whenever a group is added or dropped: what a connection's lookup cache checks
         self._lock = threading.Lock()
         self.expired_total = 0
         self._ended: OrderedDict[str, None] = OrderedDict()  # recently finished/expired ids
@@ -317,6 +338,7 @@ class GroupStore:
                 self._groups[group_id] = g
                 self._cores[group_id] = g.tree.core
                 self._fast[group_id] = (g, g.tree.core, g.request_index, g.pending, g.request_ids)
+                self._epoch += 1
                 self._ended.pop(group_id, None)
             else:
                 g.ttl = ttl_seconds
@@ -331,11 +353,21 @@ class GroupStore:
                 raise UnknownGroups([group_id])
             self._drop(group_id)
 
+    def forget_all(self) -> None:
+        """Lose every group as a restarted server has (not remembered as ended: clients that
+        still hold them register them again and resend)."""
+        with self._lock:
+            self._groups.clear()
+            self._cores.clear()
+            self._fast.clear()
+            self._epoch += 1
+
     def _drop(self, group_id: str) -> None:
         """Forget a group that finished or expired (remembered as ended)."""
         del self._groups[group_id]
         self._cores.pop(group_id, None)
         self._fast.pop(group_id, None)
+        self._epoch += 1
         self._ended[group_id] = None
         self._ended.move_to_end(group_id)
         while len(self._ended) > self._max_ended:
@@ -465,14 +497,18 @@ class GroupStore:
                 res.ended = [i for i in res.unknown if b.group_ids[i] in self._ended]
             return res
 
-    def sync_raw(self, raw: bytes) -> bytes | None:
+    def sync_raw(self, raw: bytes, cache: list | None = None) -> bytes | None:
         """``sync`` of a serialized SyncRequest, answered serialized, all in the compiled core (no
         Python step per group, append or token); None where ``sync`` must run instead: a message it
-        would refuse (it raises the reason) or one the core's parser does not take, or no core."""
+        would refuse (it raises the reason) or one the core's parser does not take, or no core.
+        ``cache``: a connection's ``[None]``, where the core keeps the message's group lookup for
+        the next one that names the same groups (while no group was added or dropped)."""
         if sync_packed is None:
             return None
         with self._lock:
-            return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits)
+            if cache is None:
+                return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits)
+            return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits, cache, self._epoch)
 
     def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
         """fetch_cst: for each (group, log offset) the segments the caller lacks."""

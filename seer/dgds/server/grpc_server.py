@@ -194,9 +194,10 @@ class DraftServicer:
             ended_groups=r.ended,
         )
 
-    def _sync_raw(self, raw: bytes) -> bytes | pb.SyncResponse:
-        """The compiled core's answer, or (for what it leaves to Python) GroupStore.sync's."""
-        out = self.store.sync_raw(raw)
+    def _sync_raw(self, raw: bytes, cache: list | None = None) -> bytes | pb.SyncResponse:
+        """The compiled core's answer, or (for what it leaves to Python) GroupStore.sync's.
+        ``cache``: the connection's (GroupStore.sync_raw)."""
+        out = self.store.sync_raw(raw, cache)
         return out if out is not None else self._sync(_parse(pb.SyncRequest, raw))
 
     @_rpc(bytes)
@@ -204,10 +205,11 @@ class DraftServicer:
         return self._sync_raw(raw)
 
     async def SyncStream(self, requests, context: grpc.aio.ServicerContext):
+        cache = [None]  # this stream's group lookup (GroupStore.sync_raw)
         async for raw in requests:
             t0 = time.perf_counter()
             try:
-                response = self._sync_raw(raw)
+                response = self._sync_raw(raw, cache)
             except DgdsError as e:
                 self.metrics.observe("SyncStream", time.perf_counter() - t0, False)
                 await _abort(context, e)

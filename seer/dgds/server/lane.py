@@ -57,6 +57,7 @@ class LaneProtocol(asyncio.Protocol):
         self._hello = HELLO + (token or "").encode()
         self._max = max_message_bytes
         self._buf = bytearray()
+        self._cache = [None]  # this connection's group lookup (GroupStore.sync_raw)
         self._authed = False
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -120,7 +121,7 @@ class LaneProtocol(asyncio.Protocol):
     def _answer(self, raw: bytes) -> None:
         t0 = time.perf_counter()
         try:
-            out = self._sync(raw)
+            out = self._sync(raw, self._cache)
         except DgdsError as e:
             self._observe("SyncLane", time.perf_counter() - t0, False)
             code, _ = self._status_of(e)

@@ -92,6 +92,7 @@ typedef struct {
     uint32_t *log_tok; /* the segments' tokens, in order */
     int64_t log_ntok, log_tokcap;
     int deferred;  /* Tree(log=True, lazy=True) before its first read: tokens and log only, no nodes */
+    double ttl, expires_at; /* the draft server's lease of the group (GroupState's; renewed by sync_packed) */
     int64_t ntok;  /* tokens in all sequences (the root's count once the tree is built) */
 } Tree;
 
@@ -1372,6 +1373,20 @@ static PyObject *Tree_get_num_nodes(Tree *t, void *closure) {
     return PyLong_FromLongLong(t->num_nodes);
 }
 static PyObject *Tree_get_deferred(Tree *t, void *closure) { return PyBool_FromLong(t->deferred); }
+static PyObject *Tree_get_ttl(Tree *t, void *closure) { return PyFloat_FromDouble(t->ttl); }
+static PyObject *Tree_get_expires_at(Tree *t, void *closure) { return PyFloat_FromDouble(t->expires_at); }
+static int set_double(double *out, PyObject *v) {
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete a lease field");
+        return -1;
+    }
+    double d = PyFloat_AsDouble(v);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    *out = d;
+    return 0;
+}
+static int Tree_set_ttl(Tree *t, PyObject *v, void *closure) { return set_double(&t->ttl, v); }
+static int Tree_set_expires_at(Tree *t, PyObject *v, void *closure) { return set_double(&t->expires_at, v); }
 static PyObject *Tree_materialize(Tree *t, PyObject *Py_UNUSED(ignored)) {
     if (materialize(t) < 0) return NULL;
     Py_RETURN_NONE;
@@ -1695,24 +1710,93 @@ static void list_trim(Seq *s, Py_ssize_t keep) {
     PyErr_Restore(e1, e2, e3);
 }
 
-/* A group's lease renewed by an append: state.expires_at = now + state.ttl. */
-static int renew(PyObject *state, double now) {
-    PyObject *ttl = PyObject_GetAttr(state, s_ttl);
-    if (ttl == NULL) return -1;
-    double tv = PyFloat_AsDouble(ttl);
-    Py_DECREF(ttl);
-    if (tv == -1.0 && PyErr_Occurred()) return -1;
-    PyObject *exp = PyFloat_FromDouble(now + tv);
-    if (exp == NULL) return -1;
-    int rc = PyObject_SetAttr(state, s_expires_at, exp);
-    Py_DECREF(exp);
-    return rc;
+/* A group's lease renewed by an append (GroupState keeps it in its tree: no Python call). */
+static inline int renew(Tree *t, double now) {
+    t->expires_at = now + t->ttl;
+    return 0;
+}
+
+/* A connection's last group lookup (sync_packed's `cache`): a client names the same groups in
+ * message after message, so while the store's membership epoch is unchanged and the message's ids
+ * are byte for byte the last ones, their str keys and entries are taken from here instead of being
+ * decoded and looked up in two dicts each (cold lines in big dicts: most of a message's lookup
+ * time). */
+#define GROUP_CACHE "seer.dgds.group_cache"
+typedef struct {
+    uint64_t epoch;
+    Py_ssize_t ng, nbytes;
+    unsigned char *ids; /* each id as its length (4 bytes, native) then its bytes */
+    PyObject **keys, **entry; /* ng of each (entry: NULL for a group the store did not have) */
+} GroupCache;
+
+static void group_cache_free(PyObject *cap) {
+    GroupCache *c = PyCapsule_GetPointer(cap, GROUP_CACHE);
+    if (c == NULL) return;
+    for (Py_ssize_t i = 0; i < c->ng; i++) Py_XDECREF(c->keys[i]), Py_XDECREF(c->entry[i]);
+    PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+}
+
+static int group_cache_hit(const GroupCache *c, uint64_t epoch, const Str *gids, Py_ssize_t ng) {
+    if (c == NULL || c->epoch != epoch || c->ng != ng) return 0;
+    const unsigned char *p = c->ids;
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        uint32_t n;
+        memcpy(&n, p, 4);
+        if ((Py_ssize_t)n != gids[i].n || memcmp(p + 4, gids[i].p, n) != 0) return 0;
+        p += 4 + n;
+    }
+    return 1;
+}
+
+/* A new cache of this message's lookup, in slot 0 of the list `holder`; 0, or -1 with an error. */
+static int group_cache_store(PyObject *holder, uint64_t epoch, const Str *gids, Py_ssize_t ng, PyObject **keys,
+                             PyObject **entry) {
+    GroupCache *c = PyMem_Calloc(1, sizeof(GroupCache));
+    if (c == NULL) return PyErr_NoMemory(), -1;
+    Py_ssize_t nbytes = 0;
+    for (Py_ssize_t i = 0; i < ng; i++) nbytes += 4 + gids[i].n;
+    c->ids = PyMem_Malloc((size_t)nbytes + 1);
+    c->keys = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
+    c->entry = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
+    if (c->ids == NULL || c->keys == NULL || c->entry == NULL) {
+        PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+        return PyErr_NoMemory(), -1;
+    }
+    unsigned char *p = c->ids;
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        uint32_t n = (uint32_t)gids[i].n;
+        memcpy(p, &n, 4);
+        memcpy(p + 4, gids[i].p, n);
+        p += 4 + n;
+        c->keys[i] = Py_NewRef(keys[i]);
+        c->entry[i] = Py_XNewRef(entry[i]);
+    }
+    c->epoch = epoch, c->ng = ng, c->nbytes = nbytes;
+    PyObject *cap = PyCapsule_New(c, GROUP_CACHE, group_cache_free);
+    if (cap == NULL) {
+        for (Py_ssize_t i = 0; i < ng; i++) Py_XDECREF(c->keys[i]), Py_XDECREF(c->entry[i]);
+        PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+        return -1;
+    }
+    return PyList_SetItem(holder, 0, cap); /* (steals cap; the old cache is freed) */
 }
 
 static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "sync_packed(raw, states, groups, ended, now, limits)");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "sync_packed(raw, states, groups, ended, now, limits[, cache, epoch])");
         return NULL;
+    }
+    /* cache: a one-item list a connection keeps (see GroupCache), or None; epoch: the store's
+     * membership epoch (bumped by every group added or dropped) */
+    PyObject *holder = nargs == 8 && args[6] != Py_None ? args[6] : NULL;
+    uint64_t store_epoch = 0;
+    if (holder != NULL) {
+        if (!PyList_Check(holder) || PyList_GET_SIZE(holder) != 1) {
+            PyErr_SetString(PyExc_TypeError, "sync_packed: cache must be a one-item list");
+            return NULL;
+        }
+        store_epoch = PyLong_AsUnsignedLongLong(args[7]);
+        if (store_epoch == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     }
     PyObject *states = args[1], *groups = args[2], *ended = args[3], *limits = args[5];
     double now = PyFloat_AsDouble(args[4]);
@@ -1785,7 +1869,19 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < ng; i++) {
+    GroupCache *gc = NULL;
+    if (holder != NULL && PyCapsule_IsValid(PyList_GET_ITEM(holder, 0), GROUP_CACHE))
+        gc = PyCapsule_GetPointer(PyList_GET_ITEM(holder, 0), GROUP_CACHE);
+    int cached = group_cache_hit(gc, store_epoch, r.gids, ng);
+    for (Py_ssize_t i = 0; i < ng && cached; i++) {
+        gkeys[i] = Py_NewRef(gc->keys[i]);
+        if (gc->entry[i] != NULL) {
+            entry[i] = Py_NewRef(gc->entry[i]);
+            gtree[i] = (Tree *)PyTuple_GET_ITEM(entry[i], 1);
+            PREFETCH(gtree[i]);
+        }
+    }
+    for (Py_ssize_t i = 0; i < ng && !cached; i++) {
         if ((gkeys[i] = PyUnicode_DecodeUTF8((const char *)r.gids[i].p, r.gids[i].n, NULL)) == NULL) goto bad_utf8;
         PyObject *state = PyDict_GetItemWithError(states, gkeys[i]), *e = NULL;
         if (state == NULL && PyErr_Occurred()) goto done;
@@ -1805,6 +1901,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
             PREFETCH(gtree[i]);
         }
     }
+    if (holder != NULL && !cached && group_cache_store(holder, store_epoch, r.gids, ng, gkeys, entry) < 0) goto done;
     for (Py_ssize_t k = 0; k < n; k++)
         if ((rkeys[k] = PyUnicode_DecodeUTF8((const char *)r.rids[k].p, r.rids[k].n, NULL)) == NULL) goto bad_utf8;
 
@@ -1918,7 +2015,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (simple) {
         Py_ssize_t nj = 0, off = 0;
         for (Py_ssize_t k = 0; k < n; k++) /* every known group's lease is renewed by its appends */
-            if (entry[ag->v[k]] != NULL && renew(PyTuple_GET_ITEM(entry[ag->v[k]], 0), now) < 0) goto done;
+            if (entry[ag->v[k]] != NULL && renew(gtree[ag->v[k]], now) < 0) goto done;
         for (Py_ssize_t k = 0; k < n; k++) {
             Py_ssize_t m = (Py_ssize_t)al->v[k];
             if (asid[k] < 0) {
@@ -1955,7 +2052,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
                 off += m;
                 continue;
             }
-            if (renew(PyTuple_GET_ITEM(e, 0), now) < 0) goto done;
+            if (renew(gtree[ag->v[k]], now) < 0) goto done;
             Tree *t = gtree[ag->v[k]];
             PyObject *idx = PyDict_GetItemWithError(PyTuple_GET_ITEM(e, 2), rkeys[k]), *pending = PyTuple_GET_ITEM(e, 3);
             if (idx == NULL && PyErr_Occurred()) goto done;
@@ -2160,6 +2257,8 @@ static PyGetSetDef Tree_getset[] = {
     {"seqs", (getter)Tree_get_seqs, NULL, "the sequences (lists of ints; do not mutate)", NULL},
     {"num_nodes", (getter)Tree_get_num_nodes, NULL, "(builds a lazy tree)", NULL},
     {"deferred", (getter)Tree_get_deferred, NULL, "a lazy tree not built yet (no nodes)", NULL},
+    {"ttl", (getter)Tree_get_ttl, (setter)Tree_set_ttl, "the draft server's lease: its length (s)", NULL},
+    {"expires_at", (getter)Tree_get_expires_at, (setter)Tree_set_expires_at, "the lease's end (clock s)", NULL},
     {"num_tokens", (getter)Tree_get_num_tokens, NULL, NULL, NULL},
     {"max_depth", (getter)Tree_get_max_depth, NULL, NULL, NULL},
     {"version", (getter)Tree_get_version, NULL, "bumped by every extend", NULL},
