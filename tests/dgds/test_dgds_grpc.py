@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from seer.dgds.tree.suffix_tree import COMPILED
 from seer.dgds.server.client import DraftClient
 from seer.dgds.server.group_store import Limits
 from seer.dgds.server.proto import dgds_pb2 as pb
@@ -128,7 +129,8 @@ def test_expired_groups_are_freed(server, stub):
     stub.RegisterGroup(pb.RegisterGroupRequest(group_id="short", ttl_seconds=0.2), timeout=5)
     stub.UpdateCst(pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="short", request_id="r", new_tokens=list(range(50)))]), timeout=5)
     m = stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)
-    assert m.groups == 1 and m.tokens == 50 and m.nodes == 0 and m.approx_bytes > 0  # the tree: not built yet
+    assert m.groups == 1 and m.tokens == 50 and m.approx_bytes > 0
+    assert m.nodes == 0 or not COMPILED  # the tree: not built yet (lazy trees need the compiled core)
     # the first server-side draft builds the group's tree (from its log), which then holds nodes
     stub.BatchSpeculate(pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(request_id="r", group_id="short", context=[1],
                                                                        params=PARAMS)]), timeout=5)

@@ -201,7 +201,7 @@ def test_compiled_sync_answers_as_group_store_sync(lazy, check_every, cached):
         got = fast.sync_raw(raw, cache)
         assert got is not None
         assert pb.SyncResponse.FromString(got) == expected, msg
-        if msg % check_every == 0:
+        if msg % check_every == check_every - 1:
             assert _store_state(fast) == _store_state(ref), msg
         answered += 1
     assert _store_state(fast) == _store_state(ref)

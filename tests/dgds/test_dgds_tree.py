@@ -364,15 +364,20 @@ def test_a_lazy_tree_builds_the_eager_tree_when_first_read_and_then_follows_it(s
         eager.extend(ids[i][0], chunk)
         lazy.extend(ids[i][1], chunk)
         sent += len(chunk)
-        assert lazy.num_tokens == eager.num_tokens and lazy.seqs == eager.seqs
+        assert lazy.num_tokens == eager.num_tokens
+        assert all(lazy.seq_len(a) == len(s) and lazy.seq_tokens(a, 1, len(s) - 1) == s[1:-1]
+                   for (_, a), s in zip(ids, eager.seqs))
         assert log_fetch([lazy.core], [0], [0], 10**9) == log_fetch([eager.core], [0], [0], 10**9)
         if lazy.deferred and sent >= read_at:
+            assert "seqs" not in vars(lazy)  # (its Python lists: not filled yet)
             assert lazy.count(()) == eager.num_tokens  # a read: the tree is built here
             assert not lazy.deferred
+        if sent >= 2 * read_at:
+            assert lazy.seqs == eager.seqs  # the lists, filled on this first read, then kept
         if not lazy.deferred:
             assert _dump_with_refs(lazy) == _dump_with_refs(eager)
     assert lazy.num_nodes == eager.num_nodes and not lazy.deferred
-    assert _dump_with_refs(lazy) == _dump_with_refs(eager)
+    assert _dump_with_refs(lazy) == _dump_with_refs(eager) and lazy.seqs == eager.seqs
     ctx = seqs[0][: len(seqs[0]) // 2]
     params = DraftParams(6, 1, 6, 2, 0.0)
     assert draft(lazy, ctx, params) == draft(eager, ctx, params)

@@ -224,29 +224,28 @@ class GroupState:
         idx = self.request_index.get(request_id)
         if idx is None:
             idx = self.seq_of(request_id)
-        seq = self.tree.seqs[idx]
-        if prev > len(seq):
+        seq_len = self.tree.seq_len  # (not tree.seqs: that would fill a lazy tree's Python lists)
+        if prev > seq_len(idx):
             waiting = self.pending.setdefault(idx, {})
             if prev not in waiting and len(waiting) >= limits.max_pending_per_request:
                 raise TooLarge(f"request {request_id!r}: too many out-of-order batches pending")
             waiting[prev] = tuple(tokens)
-            return UpdateStatus.BUFFERED, len(seq)
+            return UpdateStatus.BUFFERED, seq_len(idx)
         status = self._append(idx, prev, tokens, limits)
         waiting = self.pending.get(idx)
         while waiting:
-            ready = [p for p in waiting if p <= len(seq)]
+            ready = [p for p in waiting if p <= seq_len(idx)]
             if not ready:
                 break
             p = min(ready)
             self._append(idx, p, waiting.pop(p), limits)
         if waiting is not None and not waiting:
             del self.pending[idx]
-        return status, len(seq)
+        return status, seq_len(idx)
 
     def _append(self, idx: int, prev: int, tokens: Sequence[int], limits: Limits) -> UpdateStatus:
-        seq = self.tree.seqs[idx]
-        overlap = len(seq) - prev
-        if seq[prev : prev + min(overlap, len(tokens))] != list(tokens[:overlap]):
+        overlap = self.tree.seq_len(idx) - prev
+        if self.tree.seq_tokens(idx, prev, prev + min(overlap, len(tokens))) != list(tokens[:overlap]):
             return UpdateStatus.CONFLICT
         new = tokens[overlap:]
         if not new:
@@ -567,7 +566,7 @@ class GroupStore:
         with self._lock:
             g = self._require([group_id], self.clock())[0]
             idx = g.request_index.get(request_id)
-            return 0 if idx is None else len(g.tree.seqs[idx])
+            return 0 if idx is None else g.tree.seq_len(idx)
 
     def tree(self, group_id: str) -> SuffixTree:
         """The live tree of a group (tests and tools; do not mutate)."""

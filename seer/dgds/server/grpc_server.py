@@ -198,7 +198,7 @@ class DraftServicer:
         """The compiled core's answer, or (for what it leaves to Python) GroupStore.sync's.
         ``cache``: the connection's (GroupStore.sync_raw)."""
         out = self.store.sync_raw(raw, cache)
-        return out if out is not None else self._sync(_parse(pb.SyncRequest, raw))
+        return out if out is not None else self._sync(_parse(pb.SyncRequest, bytes(raw)))
 
     @_rpc(bytes)
     def Sync(self, raw: bytes) -> bytes | pb.SyncResponse:

@@ -93,6 +93,7 @@ typedef struct {
     int64_t log_ntok, log_tokcap;
     int deferred;  /* Tree(log=True, lazy=True) before its first read: tokens and log only, no nodes */
     double ttl, expires_at; /* the draft server's lease of the group (GroupState's; renewed by sync_packed) */
+    int lists_deferred; /* a lazy tree's: the sequences' Python lists stay empty until `seqs` is read */
     int64_t ntok;  /* tokens in all sequences (the root's count once the tree is built) */
 } Tree;
 
@@ -716,7 +717,7 @@ static PyObject *Tree_extend(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
             ok_n = j;
             break;
         }
-        int rc = PyList_Append(list, as_int);
+        int rc = t->lists_deferred ? 0 : PyList_Append(list, as_int);
         Py_DECREF(as_int);
         if (rc < 0) {
             ok_n = j;
@@ -786,6 +787,7 @@ static PyObject *Tree_append_at(Tree *t, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t list_len0 = PyList_GET_SIZE(s->list), ok_n = n;
     for (Py_ssize_t j = 0; j < n; j++, p += 4) {
         vals[j] = (int64_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        if (t->lists_deferred) continue;
         PyObject *v = PyLong_FromLongLong(vals[j]);
         if (v == NULL || PyList_Append(s->list, v) < 0) {
             Py_XDECREF(v);
@@ -1367,7 +1369,70 @@ done:
     return out;
 }
 
-static PyObject *Tree_get_seqs(Tree *t, void *closure) { return Py_NewRef(t->pyseqs); }
+/* A lazy tree's Python lists, filled when first asked for (then kept by every append). */
+static int fill_lists(Tree *t) {
+    if (!t->lists_deferred) return 0;
+    for (int32_t i = 0; i < t->nseqs; i++) {
+        Seq *s = &t->seqs[i];
+        for (Py_ssize_t j = PyList_GET_SIZE(s->list); j < s->len; j++) {
+            PyObject *v = PyLong_FromLongLong(s->tok[j]);
+            if (v == NULL || PyList_Append(s->list, v) < 0) {
+                Py_XDECREF(v);
+                return -1; /* (still deferred: a later read goes on from where this stopped) */
+            }
+            Py_DECREF(v);
+        }
+    }
+    t->lists_deferred = 0;
+    return 0;
+}
+
+static PyObject *Tree_get_seqs(Tree *t, void *closure) {
+    if (fill_lists(t) < 0) return NULL;
+    return Py_NewRef(t->pyseqs);
+}
+
+/* seq_len(i): sequence i's length; seq_tokens(i, start, stop): its tokens [start, stop) as a list
+ * (GroupState's reads: they leave a lazy tree's lists deferred). */
+static int seq_arg(Tree *t, PyObject *o, Py_ssize_t *out) {
+    Py_ssize_t i = PyLong_AsSsize_t(o);
+    if (i == -1 && PyErr_Occurred()) return -1;
+    if (i < 0 || i >= t->nseqs) {
+        PyErr_Format(PyExc_IndexError, "no sequence %zd", i);
+        return -1;
+    }
+    *out = i;
+    return 0;
+}
+
+static PyObject *Tree_seq_len(Tree *t, PyObject *arg) {
+    Py_ssize_t i;
+    if (seq_arg(t, arg, &i) < 0) return NULL;
+    return PyLong_FromLong(t->seqs[i].len);
+}
+
+static PyObject *Tree_seq_tokens(Tree *t, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t i;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "seq_tokens(seq_id, start, stop)");
+        return NULL;
+    }
+    if (seq_arg(t, args[0], &i) < 0) return NULL;
+    Py_ssize_t a = PyLong_AsSsize_t(args[1]), b = PyLong_AsSsize_t(args[2]), len = t->seqs[i].len;
+    if (PyErr_Occurred()) return NULL;
+    a = a < 0 ? 0 : (a > len ? len : a), b = b < a ? a : (b > len ? len : b); /* (slice bounds) */
+    PyObject *out = PyList_New(b - a);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = a; j < b; j++) {
+        PyObject *v = PyLong_FromLongLong(t->seqs[i].tok[j]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, j - a, v);
+    }
+    return out;
+}
 static PyObject *Tree_get_num_nodes(Tree *t, void *closure) {
     if (materialize(t) < 0) return NULL;
     return PyLong_FromLongLong(t->num_nodes);
@@ -1688,9 +1753,10 @@ static int limit_of(PyObject *limits, PyObject *name, int64_t *out) {
 }
 
 /* Appends tokens [0, n) at p (little-endian uint32) to the sequence's Python list and to vals. */
-static int list_append_u32(Seq *s, const unsigned char *p, Py_ssize_t n, int64_t *vals) {
+static int list_append_u32(Seq *s, const unsigned char *p, Py_ssize_t n, int64_t *vals, int to_list) {
     for (Py_ssize_t j = 0; j < n; j++, p += 4) {
         vals[j] = (int64_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        if (!to_list) continue; /* (a lazy tree's deferred lists) */
         PyObject *v = PyLong_FromLongLong(vals[j]);
         if (v == NULL || PyList_Append(s->list, v) < 0) {
             Py_XDECREF(v);
@@ -2023,7 +2089,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
             } else {
                 Tree *t = gtree[ag->v[k]];
                 Seq *s = &t->seqs[asid[k]];
-                if (list_append_u32(s, tokp + 4 * off, m, vals + off) < 0) {
+                if (list_append_u32(s, tokp + 4 * off, m, vals + off, !t->lists_deferred) < 0) {
                     list_trim(s, s->len);
                     for (Py_ssize_t a = 0; a < nj; a++) list_trim(&jobs[a].t->seqs[jobs[a].sid], jobs[a].t->seqs[jobs[a].sid].len);
                     goto done;
@@ -2062,7 +2128,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
                 (int64_t)ap->v[k] == t->seqs[sid].len && t->ntok + m <= max_group) {
                 Seq *s = &t->seqs[sid];
                 Py_ssize_t len0 = s->len;
-                if (list_append_u32(s, tokp + 4 * off, m, vals) < 0) {
+                if (list_append_u32(s, tokp + 4 * off, m, vals, !t->lists_deferred) < 0) {
                     list_trim(s, len0);
                     goto done;
                 }
@@ -2210,6 +2276,7 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kwds) {
     t->max_depth = max_depth;
     t->log_on = log_on;
     t->deferred = lazy;
+    t->lists_deferred = lazy;
     t->free_head = NONE;
     if ((t->scratch = PyMem_Malloc((size_t)(max_depth + 1) * sizeof(int32_t))) == NULL) {
         PyErr_NoMemory();
@@ -2250,6 +2317,9 @@ static PyMethodDef Tree_methods[] = {
      "draft(context, params[, rank]) -> (paths, match_len): drafting.draft"},
     {"dump", (PyCFunction)Tree_dump, METH_NOARGS, "every node, parents first (see SuffixTree.root)"},
     {"materialize", (PyCFunction)Tree_materialize, METH_NOARGS, "build a lazy tree now (any read does)"},
+    {"seq_len", (PyCFunction)Tree_seq_len, METH_O, "seq_len(seq_id) -> its length"},
+    {"seq_tokens", (PyCFunction)(void (*)(void))Tree_seq_tokens, METH_FASTCALL,
+     "seq_tokens(seq_id, start, stop) -> its tokens [start, stop) as a list"},
     {NULL, NULL, 0, NULL},
 };
 

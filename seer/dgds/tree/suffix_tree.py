@@ -115,7 +115,10 @@ class SuffixTree:
         self._c = None
         if COMPILED and compiled is not False:
             self._c = c = _CORE.Tree(max_depth, log=log, lazy=lazy)
-            self.seqs: list[list[int]] = c.seqs  # kept by the core (read only)
+            if not lazy:  # (a lazy tree's lists are filled when first read: see __getattr__)
+                self.seqs: list[list[int]] = c.seqs  # kept by the core (read only)
+            self.seq_len = c.seq_len  # type: ignore[method-assign]
+            self.seq_tokens = c.seq_tokens  # type: ignore[method-assign]
             # The core's own methods, bound on the instance: an append costs no Python frame.
             self.extend = c.extend  # type: ignore[method-assign]
             self.add_sequence = c.add_sequence  # type: ignore[method-assign]
@@ -197,6 +200,22 @@ class SuffixTree:
     @property
     def num_nodes(self) -> int:
         return self._c.num_nodes if self._c is not None else self._num_nodes
+
+    def __getattr__(self, name: str):
+        # Only for what __init__ left unset: a lazy tree's ``seqs``, which the core fills on this
+        # first read (and keeps from then on, as any tree's).
+        if name == "seqs" and self.__dict__.get("_c") is not None:
+            self.seqs = seqs = self._c.seqs
+            return seqs
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def seq_len(self, seq_id: int) -> int:
+        """Sequence ``seq_id``'s length (read without filling a lazy tree's lists)."""
+        return len(self.seqs[seq_id])
+
+    def seq_tokens(self, seq_id: int, start: int, stop: int) -> list[int]:
+        """Sequence ``seq_id``'s tokens [start, stop), as a slice (a lazy tree's lists stay unfilled)."""
+        return self.seqs[seq_id][start:stop]
 
     # ---- building -------------------------------------------------------------------------
 
