@@ -7,9 +7,10 @@ core; the load generator (one asyncio process, pinned to the other cores) plays 
 vLLM instances, each with ``--requests`` requests decoding ``--tokens-per-s`` tokens per second.
 Groups have ``--group-size`` requests on as many instances (block b of G instances shares its
 groups; instance bG + s holds sample s of each), so every token is fetched by G replicas. Each
-instance does what DraftClient does: it registers its groups (RegisterGroup), then every
-``--interval`` seconds sends one message on its SyncStream with the unsent tokens of each request
-that has at least ``--update-tokens`` of them, and the fetch of all its groups from their cursors.
+instance does what DraftClient does: it registers its groups (one RegisterGroups call), then every
+``--interval`` seconds sends one message on the server's sync lane (``--transport grpc``: its
+SyncStream) with the unsent tokens of each request that has at least ``--update-tokens`` of them,
+and the fetch of all its groups from their cursors.
 Every ``--generation-s`` the groups are replaced by new ones (an RL iteration's new prompts) and the
 old ones are left to their TTL, so the server's memory must level off.
 
@@ -78,8 +79,10 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
                 gen = int((now - t0) // a.generation_s)
                 gids = [f"it{gen}-b{block}-g{k}" for k in range(a.requests)]
                 rid = f"s{sample}"
-                for g in gids:
-                    r = await stub.RegisterGroup(pb.RegisterGroupRequest(group_id=g, ttl_seconds=a.ttl), timeout=30, metadata=md)
+                r = await stub.RegisterGroups(pb.RegisterGroupsRequest(  # (as DraftClient: one call)
+                    groups=[pb.RegisterGroupRequest(group_id=g, ttl_seconds=a.ttl) for g in gids]), timeout=30, metadata=md)
+                if any(r.status):
+                    raise RuntimeError(f"instance {inst}: registration refused: {[e for e in r.error if e][:3]}")
                 if a.transport == "lane":
                     await stream.connect(r.sync_lane_port)
                 born = time.time()
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     (w0, c0), (w1, c1) = cpu_window
     cpu_s = c1 - c0
     sync = server_lat.get("SyncLane" if a.transport == "lane" else "SyncStream", {})
-    reg = server_lat.get("RegisterGroup", {})
+    reg = server_lat.get("RegisterGroups", {})
     from bench.provenance import code_version
 
     commit, dirty = code_version()

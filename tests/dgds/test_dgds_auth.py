@@ -140,9 +140,11 @@ def test_launched_server_gets_a_fresh_secret_in_its_environment_only(tmp_path: P
         for p in procs:
             assert token not in " ".join(p.cmdline())
         port = int(svc.address.rsplit(":", 1)[1])
-        bound = {c.laddr.ip for p in procs for c in p.net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        listening = {(c.laddr.ip, c.laddr.port) for p in procs for c in p.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        bound = {ip for ip, _ in listening}
         assert bound and bound <= LOCAL, bound  # only the host it was given, not 0.0.0.0 or ::
+        assert len({p for _, p in listening}) == 2 and port in {p for _, p in listening}  # gRPC and the sync lane
         with grpc.insecure_channel(svc.address) as ch:
             stub = pb_grpc.DraftServerStub(ch)
             assert _code(lambda: stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)) == grpc.StatusCode.UNAUTHENTICATED

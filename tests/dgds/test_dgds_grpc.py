@@ -17,7 +17,7 @@ from seer.dgds.server.client import DraftClient
 from seer.dgds.server.group_store import Limits
 from seer.dgds.server.proto import dgds_pb2 as pb
 from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
-from seer.dgds.server.grpc_server import SERVICE_NAME, UNKNOWN_GROUP_KEY, DgdsServer
+from seer.dgds.server.grpc_server import SERVICE_NAME, UNKNOWN_GROUP_KEY, DgdsServer, DraftServicer
 from seer.dgds.types import DraftParams, SpeculateRow
 
 PARAMS = pb.DraftParams(max_spec_tokens=4, pattern_lookup_min=1, pattern_lookup_max=8, top_k=1, min_token_prob=0.0)
@@ -305,3 +305,49 @@ def test_fuzzed_raw_bytes_never_take_the_server_down(server):
         assert ok.status == health_pb2.HealthCheckResponse.SERVING
         still_serving(stub)
     assert "INVALID_ARGUMENT" in codes
+
+
+def test_register_groups_gives_each_group_its_own_status(server, stub):
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="done", ttl_seconds=30), timeout=5)
+    stub.FinishGroup(pb.FinishGroupRequest(group_id="done"), timeout=5)
+    groups = [pb.RegisterGroupRequest(group_id="a", ttl_seconds=30), pb.RegisterGroupRequest(group_id="", ttl_seconds=30),
+              pb.RegisterGroupRequest(group_id="done", ttl_seconds=30, resume=True),
+              pb.RegisterGroupRequest(group_id="b", ttl_seconds=-1), pb.RegisterGroupRequest(group_id="c", ttl_seconds=30)]
+    r = stub.RegisterGroups(pb.RegisterGroupsRequest(groups=groups), timeout=5)
+    codes = [grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]
+    assert list(r.status) == [c.value[0] for c in codes] and r.max_depth == 16 and r.sync_lane_port == server.lane_port
+    assert r.error[0] == "" and "non-empty" in r.error[1] and r.error[4] == ""
+    assert server.store.stats()["groups"] == 2  # a and c
+    too_many = pb.RegisterGroupsRequest(groups=[pb.RegisterGroupRequest(group_id=f"g{i}", ttl_seconds=30) for i in range(4097)])
+    assert code_of(stub.RegisterGroups, too_many) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert server.store.stats()["groups"] == 2  # nothing of it applied
+
+
+def _calls(server) -> dict[str, int]:
+    with grpc.insecure_channel(server.address) as ch:
+        return {r.method: r.calls for r in pb_grpc.DraftServerStub(ch).GetMetrics(pb.GetMetricsRequest(), timeout=5).rpcs}
+
+
+def test_the_client_registers_its_groups_in_one_call_or_one_by_one_with_an_older_server(server, monkeypatch):
+    c = DraftClient(server.address, fetch_interval_s=0.02)
+    try:
+        for k in range(50):
+            c.register_group(f"g{k}", 30)
+        assert c.sync(5) and c.stats().registered_groups == 50
+        calls = _calls(server)
+        assert calls.get("RegisterGroups") == 1 and "RegisterGroup" not in calls
+    finally:
+        c.close()
+    # a server without RegisterGroups (UNIMPLEMENTED): the client falls back to RegisterGroup
+    monkeypatch.setattr(DraftServicer, "UNARY", tuple(m for m in DraftServicer.UNARY if m != "RegisterGroups"))
+    older = DgdsServer("127.0.0.1", 0, max_depth=16).start()
+    c = DraftClient(older.address, fetch_interval_s=0.02)
+    try:
+        for k in range(5):
+            c.register_group(f"h{k}", 30)
+        assert c.sync(5) and c.stats().registered_groups == 5
+        assert _calls(older).get("RegisterGroup") == 5
+    finally:
+        c.close()
+        older.stop(0)

@@ -162,6 +162,7 @@ class DraftClient:
         self._lane_port = 0  # the server's sync lane (RegisterGroupResponse), 0: use the gRPC stream
         self._lane: LaneClient | None = None
         self._lane_unreachable = 0  # a lane port that could not be reached: not tried again
+        self._batch_register = True  # RegisterGroups; False once a server answered UNIMPLEMENTED
         self._lock = threading.Lock()  # guards _groups and the replicas
         # (kind, group_id, request_id, tokens, ttl): deque appends are atomic, so callers never lock
         self._inbox: deque[tuple[str, str, str, list[int] | None, float]] = deque()
@@ -431,10 +432,32 @@ class DraftClient:
         return list(lost)
 
     def _register_pending(self) -> bool:
+        """Register what is not registered: in RegisterGroups calls of up to 1024 groups (one
+        RegisterGroup per group with a server that lacks it)."""
         with self._lock:
             todo = [(gid, g.ttl, g.resume) for gid, g in self._groups.items() if not g.registered]
         ok = True
-        for gid, ttl, resume in todo:
+        while todo and self._batch_register:
+            part, todo = todo[:1024], todo[1024:]
+            req = pb.RegisterGroupsRequest(groups=[pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl, resume=resume)
+                                                   for gid, ttl, resume in part])
+            resp, err = self._call(self._stub.RegisterGroups, req)
+            if err is not None and err.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older server
+                self._batch_register = False
+                todo = part + todo
+                break
+            if err is not None:
+                log.debug("register of %d groups failed: %s", len(part), err.code())
+                return False
+            for (gid, _, _), status, why in zip(part, resp.status, resp.error):
+                if status == grpc.StatusCode.NOT_FOUND.value[0]:  # a resume of a group that ended
+                    self._forget([gid], {gid})
+                elif status:
+                    log.debug("register %s refused: %s", gid, why)
+                    ok = False
+                else:
+                    self._registered(gid, resp)
+        for gid, ttl, resume in todo if not self._batch_register else ():
             req = pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl, resume=resume)
             resp, err = self._call(self._stub.RegisterGroup, req)
             if err is not None:
@@ -444,26 +467,30 @@ class DraftClient:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     break
                 continue
-            with self._lock:
-                g = self._groups.get(gid)
-                if g is None:
-                    continue
-                g.registered = True
-                g.resume = False
-                if resp.sync_lane_port not in (self._lane_port, self._lane_unreachable):
-                    if self._lane is not None:
-                        self._lane.close()
-                    self._lane, self._lane_port = None, resp.sync_lane_port
-                if g.replica is None or g.replica.tree.max_depth != resp.max_depth:
-                    old = g.replica
-                    g.replica = GroupReplica(gid, resp.max_depth)
-                    if old is not None:  # depth changed: rebuild from what we had
-                        for rid, idx in old.request_index.items():
-                            g.replica.append_local(rid, old.tree.seqs[idx])
-                for rid, toks in g.unapplied.items():
-                    g.replica.append_local(rid, toks)
-                g.unapplied.clear()
+            self._registered(gid, resp)
         return ok
+
+    def _registered(self, gid: str, resp) -> None:
+        """The server registered group gid (``resp``: its RegisterGroup(s)Response)."""
+        with self._lock:
+            g = self._groups.get(gid)
+            if g is None:
+                return
+            g.registered = True
+            g.resume = False
+            if resp.sync_lane_port not in (self._lane_port, self._lane_unreachable):
+                if self._lane is not None:
+                    self._lane.close()
+                self._lane, self._lane_port = None, resp.sync_lane_port
+            if g.replica is None or g.replica.tree.max_depth != resp.max_depth:
+                old = g.replica
+                g.replica = GroupReplica(gid, resp.max_depth)
+                if old is not None:  # depth changed: rebuild from what we had
+                    for rid, idx in old.request_index.items():
+                        g.replica.append_local(rid, old.tree.seqs[idx])
+            for rid, toks in g.unapplied.items():
+                g.replica.append_local(rid, toks)
+            g.unapplied.clear()
 
     def _sync(self, flush: bool, fetch: bool) -> bool:
         """Send the unsent tokens that are due and, if ``fetch``, fetch every replica's increment:

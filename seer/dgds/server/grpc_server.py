@@ -42,6 +42,7 @@ AUTH_KEY = "authorization"  # metadata key; value "Bearer <token>"
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 # Rough memory per tree node and per stored token, sized for the pure-Python tree's objects; the
 # compiled core's nodes are 56-byte structs, so for it the node share is an upper bound.
+MAX_GROUPS_PER_REGISTER = 4096
 NODE_BYTES = 150
 TOKEN_BYTES = 40
 
@@ -136,6 +137,8 @@ def _parse(request_type: type, raw: bytes):
 class DraftServicer:
     """The DraftServer service of protos/dgds.proto. Requests arrive as bytes and are parsed here."""
 
+    UNARY = ("RegisterGroup", "RegisterGroups", "FinishGroup", "UpdateCst", "FetchCst", "BatchSpeculate", "GetMetrics")
+
     def __init__(self, store: GroupStore, metrics: RpcMetrics):
         self.store = store
         self.metrics = metrics
@@ -144,7 +147,7 @@ class DraftServicer:
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, for grpc.aio.Server.add_generic_rpc_handlers."""
         methods = {}
-        for name in ("RegisterGroup", "FinishGroup", "UpdateCst", "FetchCst", "BatchSpeculate", "GetMetrics"):
+        for name in self.UNARY:
             methods[name] = grpc.unary_unary_rpc_method_handler(getattr(self, name), response_serializer=_serialize)
         methods["Sync"] = grpc.unary_unary_rpc_method_handler(self.Sync, response_serializer=_serialize_any)
         methods["SyncStream"] = grpc.stream_stream_rpc_method_handler(self.SyncStream, response_serializer=_serialize_any)
@@ -154,6 +157,22 @@ class DraftServicer:
     def RegisterGroup(self, request: pb.RegisterGroupRequest) -> pb.RegisterGroupResponse:
         depth = self.store.register(request.group_id, request.ttl_seconds, request.resume)
         return pb.RegisterGroupResponse(max_depth=depth, sync_lane_port=self.lane_port)
+
+    @_rpc(pb.RegisterGroupsRequest)
+    def RegisterGroups(self, request: pb.RegisterGroupsRequest) -> pb.RegisterGroupsResponse:
+        if len(request.groups) > MAX_GROUPS_PER_REGISTER:
+            raise TooLarge(f"more than {MAX_GROUPS_PER_REGISTER} groups in one RegisterGroups")
+        status, errors = [], []
+        for g in request.groups:
+            try:
+                self.store.register(g.group_id, g.ttl_seconds, g.resume)
+                status.append(0)
+                errors.append("")
+            except DgdsError as e:
+                status.append(_status_of(e)[0].value[0])
+                errors.append(str(e))
+        return pb.RegisterGroupsResponse(max_depth=self.store.max_depth, sync_lane_port=self.lane_port,
+                                         status=status, error=errors)
 
     @_rpc(pb.FinishGroupRequest)
     def FinishGroup(self, request: pb.FinishGroupRequest) -> pb.FinishGroupResponse:

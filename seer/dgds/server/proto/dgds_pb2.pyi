@@ -40,6 +40,24 @@ class RegisterGroupResponse(_message.Message):
     sync_lane_port: int
     def __init__(self, max_depth: _Optional[int] = ..., sync_lane_port: _Optional[int] = ...) -> None: ...
 
+class RegisterGroupsRequest(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[RegisterGroupRequest]
+    def __init__(self, groups: _Optional[_Iterable[_Union[RegisterGroupRequest, _Mapping]]] = ...) -> None: ...
+
+class RegisterGroupsResponse(_message.Message):
+    __slots__ = ("max_depth", "sync_lane_port", "status", "error")
+    MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_LANE_PORT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    max_depth: int
+    sync_lane_port: int
+    status: _containers.RepeatedScalarFieldContainer[int]
+    error: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_depth: _Optional[int] = ..., sync_lane_port: _Optional[int] = ..., status: _Optional[_Iterable[int]] = ..., error: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class FinishGroupRequest(_message.Message):
     __slots__ = ("group_id",)
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]

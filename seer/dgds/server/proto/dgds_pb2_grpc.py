@@ -39,6 +39,11 @@ class DraftServerStub:
                 request_serializer=dgds__pb2.RegisterGroupRequest.SerializeToString,
                 response_deserializer=dgds__pb2.RegisterGroupResponse.FromString,
                 _registered_method=True)
+        self.RegisterGroups = channel.unary_unary(
+                '/seer.dgds.v1.DraftServer/RegisterGroups',
+                request_serializer=dgds__pb2.RegisterGroupsRequest.SerializeToString,
+                response_deserializer=dgds__pb2.RegisterGroupsResponse.FromString,
+                _registered_method=True)
         self.FinishGroup = channel.unary_unary(
                 '/seer.dgds.v1.DraftServer/FinishGroup',
                 request_serializer=dgds__pb2.FinishGroupRequest.SerializeToString,
@@ -82,6 +87,14 @@ class DraftServerServicer:
     def RegisterGroup(self, request, context):
         """Create a group, or refresh its lease. Idempotent. The group is freed after ttl_seconds
         without an update (or by FinishGroup).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterGroups(self, request, context):
+        """RegisterGroup for many groups in one call (what DraftClient sends): an instance starts many
+        requests at once, each of another group. Each group gets its own status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,6 +160,11 @@ def add_DraftServerServicer_to_server(servicer, server):
                     request_deserializer=dgds__pb2.RegisterGroupRequest.FromString,
                     response_serializer=dgds__pb2.RegisterGroupResponse.SerializeToString,
             ),
+            'RegisterGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterGroups,
+                    request_deserializer=dgds__pb2.RegisterGroupsRequest.FromString,
+                    response_serializer=dgds__pb2.RegisterGroupsResponse.SerializeToString,
+            ),
             'FinishGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishGroup,
                     request_deserializer=dgds__pb2.FinishGroupRequest.FromString,
@@ -210,6 +228,33 @@ class DraftServer:
             '/seer.dgds.v1.DraftServer/RegisterGroup',
             dgds__pb2.RegisterGroupRequest.SerializeToString,
             dgds__pb2.RegisterGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/seer.dgds.v1.DraftServer/RegisterGroups',
+            dgds__pb2.RegisterGroupsRequest.SerializeToString,
+            dgds__pb2.RegisterGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
