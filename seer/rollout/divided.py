@@ -18,6 +18,7 @@ from seer.rollout.stats import instance_stats, iteration_stats
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.scheduler.driver import RolloutResult
 from seer.scheduler.events import Progress
+from seer.tasks.env import EnvRunner
 from seer.tasks.reward import RewardRunner
 from seer.types import InstanceBackend, IterationStats, PromptSpec, RolloutBatch, SamplingParams, SpecDecodeCounters
 
@@ -45,6 +46,11 @@ class RolloutContext:
     rewards: RewardRunner
     on_progress: Callable[[Progress], None] | None = None
     true_lengths: Mapping | None = None  # benchmarks' oracle only
+    # Multi-turn rollout (seer.rollout.multi_turn): the run's environments (seer.tasks.env.EnvRunner)
+    # and the model's tokenizer as functions (decode: special tokens skipped; encode: none added).
+    env: EnvRunner | None = None
+    decode: Callable[[list[int]], str] | None = None
+    encode: Callable[[str], list[int]] | None = None
 
 
 RolloutFunction = Callable[[RolloutContext, RolloutRequest], Awaitable[RolloutBatch]]
