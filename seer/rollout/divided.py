@@ -79,14 +79,19 @@ async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
                         chunks=result.chunks, telemetry=result.telemetry, phases=phases)
 
 
-def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -> IterationStats:
-    """Per-iteration stats from the driver's raw chunk events and telemetry timeline."""
+def stats_from_result(result: RolloutResult, iteration: int, names: list[str], *,
+                      finish_times: list[float] | None = None) -> IterationStats:
+    """Per-iteration stats from the driver's raw chunk events and telemetry timeline.
+
+    `finish_times`: when each sample finished, where that is not its last chunk's end (multi-turn:
+    a trajectory ends when its environment says so)."""
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
     tokens: dict[str, int] = defaultdict(int)
     for c in result.chunks:
         busy[c.instance].append((c.dispatch_time, c.complete_time))
         tokens[c.instance] += c.new_tokens
-    finish_times = [c.complete_time for c in result.chunks if c.request_finished]
+    if finish_times is None:
+        finish_times = [c.complete_time for c in result.chunks if c.request_finished]
     instances = instance_stats(names, busy, tokens, result.preemptions(), result.start_time, result.end_time)
     kv_timeline = [
         {"t": round(t.time - result.start_time, 3), "instance": t.instance, "kv_usage": round(t.kv_usage, 4),

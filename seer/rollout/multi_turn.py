@@ -103,7 +103,7 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         on_turn_end=on_turn_end,
     )
     names = [b.name for b in ctx.backends]
-    stats = stats_from_result(result, req.iteration, names)
+    stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(turn_summary(result.samples, outcomes, env.stats, before))
     return RolloutBatch(samples=result.samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry,
                         phases=[("generate", result.start_time, result.end_time)])

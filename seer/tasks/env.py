@@ -97,6 +97,7 @@ class EnvConfig:
     on_error: Literal["observe", "end"] = "observe"  # a step that raised or timed out: error observation, or end with reward 0
     mode: Literal["process", "thread"] = "process"  # where steps run: killable worker processes, or threads
     workers: int = 8  # environment calls at once
+    stop: tuple[str, ...] = ()  # stop sequences that end a turn besides the environment's own (its `stop`)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -108,6 +109,8 @@ class EnvConfig:
             out.append(("env.timeout_s", f"must be > 0 (or null: no limit), got {self.timeout_s}"))
         if self.workers < 1:
             out.append(("env.workers", f"must be >= 1, got {self.workers}"))
+        if any(not s for s in self.stop):
+            out.append(("env.stop", "stop sequences must be non-empty strings"))
         return out
 
 
@@ -194,7 +197,7 @@ class EnvRunner:
         self.cls = resolve_env(spec, args)
         self.args = dict(args or {})
         self.cfg = cfg
-        self.stop: tuple[str, ...] = tuple(getattr(self.cls, "stop", ()))
+        self.stop: tuple[str, ...] = tuple(dict.fromkeys([*getattr(self.cls, "stop", ()), *cfg.stop]))
         self._workers = Workers(cfg.workers, use_processes=cfg.mode == "process", timeout_s=cfg.timeout_s,
                                 warm=_warm if cfg.mode == "process" else None, warm_args=(self.path,))
         self._envs: dict[str, Any] = {}
