@@ -59,13 +59,11 @@ RolloutFunction = Callable[[RolloutContext, RolloutRequest], Awaitable[RolloutBa
 async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBatch:
     """Every sample of `req.prompts`, rewarded, with the iteration's stats. Returns once the last
     reward is in. Instances the driver had to drop are listed in `stats.extra["instances_dropped"]`."""
-    base_seed = req.sampling.seed
-    sampling = replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
     result = await driver.run(
         req.prompts,
         group_size=req.group_size,
-        sampling=sampling,
+        sampling=iteration_sampling(req),
         weight_version=req.weight_version,
         request_id_prefix=f"it{req.iteration}-",
         true_lengths=ctx.true_lengths,
@@ -77,6 +75,12 @@ async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
     phases = [("generate", result.start_time, result.end_time), ("reward tail", result.end_time, time.monotonic())]
     return RolloutBatch(samples=result.samples, stats=stats_from_result(result, req.iteration, names),
                         chunks=result.chunks, telemetry=result.telemetry, phases=phases)
+
+
+def iteration_sampling(req: RolloutRequest) -> SamplingParams:
+    """The request's sampling with its base seed (if any) made distinct per iteration."""
+    base_seed = req.sampling.seed
+    return replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
 
 
 def stats_from_result(result: RolloutResult, iteration: int, names: list[str], *,

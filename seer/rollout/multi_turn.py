@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from seer.rollout.divided import RolloutContext, RolloutRequest, stats_from_result
+from seer.rollout.divided import RolloutContext, RolloutRequest, iteration_sampling, stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.scheduler.turns import StopMatcher, TurnEnd, TurnReply
 from seer.tasks.env import EnvConfig, EnvReply, EnvStats, Turn
@@ -87,13 +87,11 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         sample.response_text = decode(sample.response_ids)
         sample.reward, sample.reward_error = (0.0 if o.reward is None else o.reward), o.error
 
-    base_seed = req.sampling.seed
-    sampling = replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
     result = await driver.run(
         prompts,
         group_size=req.group_size,
-        sampling=sampling,
+        sampling=iteration_sampling(req),
         weight_version=req.weight_version,
         request_id_prefix=f"it{req.iteration}-",
         true_lengths=ctx.true_lengths,
