@@ -104,3 +104,37 @@ def test_turns_as_chunks_give_generated_plus_observation_ids_and_the_mask():
     for e in engines:
         for r in e.requests:
             assert r.stop == ("</c>",)
+
+
+def run_multi_turn(env_cfg, env_args, max_tokens=60):
+    from seer.rollout.divided import RolloutContext, RolloutRequest
+    from seer.rollout.multi_turn import multi_turn_rollout
+    from seer.tasks.env import EnvRunner
+    from seer.tasks.reward import RewardRunner
+
+    env = EnvRunner("tests.multiturn.envs_for_tests:ScriptEnv", env_cfg, env_args)
+    ctx = RolloutContext([ScriptedEngine("i0"), ScriptedEngine("i1")],
+                         SchedulerConfig(policy="context", chunk_size=4, kv_capacity_tokens=10_000, block_size=1,
+                                         telemetry_interval_s=0.01),
+                         RewardRunner("seer.tasks.env:zero_reward"), env=env, decode=decode,
+                         encode=lambda text: [ord(c) for c in text])
+    try:
+        return asyncio.run(multi_turn_rollout(ctx, RolloutRequest(0, prompts(2), 2, SamplingParams(max_tokens=max_tokens))))
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_observation_over_the_budget_and_the_turn_limit_end_trajectories_with_reward_0():
+    from seer.tasks.env import EnvConfig
+
+    big = run_multi_turn(EnvConfig(mode="thread", stop=("</c>",)), {"obs": (61,) * 80, "turns": 3})
+    assert len(big.samples) == 4  # no sample lost
+    for s in big.samples:
+        assert s.reward == 0.0 and "does not fit within rollout.max_tokens" in s.reward_error and s.turns == 1
+        assert s.finish_reason == "length" and s.loss_mask == [1] * len(s.response_ids)
+    capped = run_multi_turn(EnvConfig(mode="thread", stop=("</c>",), max_turns=2), {"obs": (61,), "turns": 5})
+    assert all(s.reward == 0.0 and "env.max_turns (2)" in s.reward_error and s.turns == 2 for s in capped.samples)
+    done = run_multi_turn(EnvConfig(mode="thread", stop=("</c>",), max_turns=2), {"obs": (61,), "turns": 2})
+    assert all(s.reward == 1.0 and s.reward_error is None and s.turns == 2 for s in done.samples)
+    assert done.stats.num_samples == 4 and done.stats.extra["turns_mean"] == 2
