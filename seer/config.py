@@ -23,6 +23,7 @@ from seer.kvpool.config import KVPoolConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
+from seer.tasks.env import EnvConfig, EnvSpecError, resolve_env
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.trainer.config import TrainerConfig
 from seer.watch.config import LoggingConfig
@@ -53,8 +54,9 @@ class RolloutConfig:
     # request's prefill is split across steps, which long chunked contexts under load do.
     sampling_seed: int | None = None
     reward_workers: int = 2  # rewards computed at once (threads, or processes with reward_mode: process)
-    # One iteration's rollout (seer.rollout.divided.RolloutFunction); a multi-turn or custom
-    # rollout plugs in here by path.
+    # One iteration's rollout (seer.rollout.divided.RolloutFunction); a custom rollout plugs in
+    # here by path. With task.env set (or the calculator task) the default becomes multi-turn
+    # rollout (seer.rollout.multi_turn:multi_turn_rollout).
     function: str = "seer.rollout.divided:divided_rollout"
     reward_error_policy: Literal["zero", "abort"] = "zero"  # a raising reward: score 0 and go on, or abort
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
@@ -106,6 +108,7 @@ class RunConfig:
     # TrainerConfig's own defaults, which suit LLMs, unless the config sets these keys.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(**EMBEDDED_MODEL_TRAINER))
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn limits and workers (with task.env)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,6 +138,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         plain = TrainerConfig()
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
             cfg.trainer, **{k: getattr(plain, k) for k in EMBEDDED_MODEL_TRAINER if k not in given}))
+    if (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader) and cfg.model.path is None
+            and "preset" not in (data.get("model") or {})):
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset="calc"))  # the task's own model
     validate(cfg)
     return cfg
 
@@ -314,16 +320,23 @@ def validate(cfg: RunConfig) -> None:
     _require(t.loader is not None or not t.loader_args, "task.loader_args", "given without task.loader")
     if t.dataset is not None:
         _require(Path(t.dataset).is_file(), "task.dataset", f"{t.dataset} does not exist")
-        _require(bool(t.reward), "task.reward", "a JSONL dataset needs a reward function 'module:function'")
+        _require(bool(t.reward) or bool(t.env), "task.reward",
+                 "a JSONL dataset needs a reward function 'module:function' (or an environment, task.env)")
+    _require(t.env is not None or not t.env_args, "task.env_args", "given without task.env")
     try:  # plug-ins resolve now, not minutes into the run
         if t.loader is not None:
-            _require(bool(t.reward), "task.reward", "a task.loader dataset needs a reward function 'module:function'")
+            _require(bool(t.reward) or bool(t.env), "task.reward",
+                     "a task.loader dataset needs a reward function 'module:function' (or an environment, task.env)")
             resolve_loader(t.loader, t.loader_args)
         if t.reward:
             resolve_reward_fn(t.reward)
+        if t.env:
+            resolve_env(t.env, t.env_args)
         chat_template_text(t.chat_template)
-    except (DatasetError, RewardSpecError) as e:
+    except (DatasetError, RewardSpecError, EnvSpecError) as e:
         raise ConfigError(str(e)) from None
+    for key, why in cfg.env.problems():
+        raise ConfigError(f"config key {key!r}: {why}")
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
     for key, why in cfg.logging.problems():
         raise ConfigError(f"config key {key!r}: {why}")

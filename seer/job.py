@@ -20,7 +20,7 @@ from seer.config import ConfigError, RunConfig
 from seer.fleet import Fleet, LaunchSettings
 from seer.metrics_log import MetricsLog
 from seer.plugins import resolve
-from seer.rollout.divided import RolloutFunction
+from seer.rollout.divided import RolloutContext, RolloutFunction
 from seer.rundir import RunDir, atomic_write_text, resolve_run_dir
 from seer.scheduler import SchedulerConfig
 from seer.tasks import RewardRunner, Task, encode_prompts, load_task, max_context_of
@@ -48,7 +48,7 @@ class Job:
 
         from seer.model import resolve_model
 
-        rollout_fn = resolve(cfg.rollout.function, key="rollout.function")
+        rollout_fn = resolve(rollout_function(cfg), key="rollout.function")
         run = RunDir(resolve_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite))
         with step(console, "Preparing the model (first use builds and warm-starts the embedded default)",
                   cfg.logging.progress_interval_s):
@@ -165,6 +165,26 @@ class Job:
         return self.cfg.rollout.reward_runner(
             self.task.reward_spec, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
+    @contextlib.contextmanager
+    def env_runner(self):
+        """The run's environments and their workers (task.env), or None for a single-turn task."""
+        if self.task.env is None:
+            yield None
+            return
+        from seer.tasks.env import EnvRunner
+
+        runner = EnvRunner(self.task.env, self.cfg.env, self.task.env_args)
+        try:
+            yield runner
+        finally:
+            runner.close()
+
+    def rollout_context(self, fleet: Fleet, rewards: RewardRunner, env, on_progress) -> RolloutContext:
+        tok = self.tokenizer
+        return RolloutContext(fleet.backends, self.scheduler_config(fleet), rewards, on_progress, env=env,
+                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                              encode=lambda text: list(tok(text, add_special_tokens=False)["input_ids"]))
+
     def export_weights(self, trainer, version: int, fleet: Fleet) -> WeightsRef:
         """The trainer's weights where the fleet's instances can load them: an HF directory in the
         run (older exports are removed) when they share this node's filesystem, else Ray objects."""
@@ -218,6 +238,16 @@ class Job:
                 bar.update(task, completed=p.finished, info=report(p))
 
             yield on_progress
+
+
+DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
+MULTI_TURN_ROLLOUT = "seer.rollout.multi_turn:multi_turn_rollout"
+
+
+def rollout_function(cfg: RunConfig) -> str:
+    """rollout.function, or multi-turn rollout when the task has an environment and none was chosen."""
+    multi_turn = cfg.task.env is not None or (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader))
+    return MULTI_TURN_ROLLOUT if multi_turn and cfg.rollout.function == DEFAULT_ROLLOUT else cfg.rollout.function
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

@@ -17,7 +17,7 @@ from rich.console import Console
 from seer.config import RunConfig
 from seer.job import Job
 from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
-from seer.rollout.divided import RolloutContext, RolloutRequest
+from seer.rollout.divided import RolloutRequest
 from seer.tasks import iteration_prompts
 from seer.watch.run import RunWatch
 
@@ -47,14 +47,14 @@ async def _iterate(job: Job) -> list[dict]:
             if trainer is not None:  # serve the weights this run starts from (a checkpoint's, or the base model's)
                 await fleet.ensure_version(job.export_weights(trainer, version, fleet) if version > 0
                                            else job.base_weights())
-            with job.reward_runner() as rewards:
+            with job.reward_runner() as rewards, job.env_runner() as env:
                 for it in range(start, cfg.iterations):
-                    record, version = await _one_iteration(job, fleet, rewards, trainer, it, version, watch)
+                    record, version = await _one_iteration(job, fleet, rewards, env, trainer, it, version, watch)
                     records.append(record)
     return records
 
 
-async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: int, watch: RunWatch) -> tuple[dict, int]:
+async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, version: int, watch: RunWatch) -> tuple[dict, int]:
     cfg, console = job.cfg, job.console
     await fleet.prepare_rollout(version if trainer is not None else None)  # strictly on-policy, or no rollout
     prompts = iteration_prompts(job.prompts, it, cfg.rollout.groups_per_iteration, seed=cfg.seed)
@@ -62,7 +62,7 @@ async def _one_iteration(job: Job, fleet, rewards, trainer, it: int, version: in
     watch.begin_iteration(it, len(prompts) * cfg.rollout.group_size)
     with watch.phase("rollout"), job.progress(it, len(prompts) * cfg.rollout.group_size,
                                                also=watch.rollout_progress) as on_progress:
-        context = RolloutContext(fleet.backends, job.scheduler_config(fleet), rewards, on_progress)
+        context = job.rollout_context(fleet, rewards, env, on_progress)
         batch = await job.rollout_fn(context, request)
     fleet.absorb_rollout_drops(batch.stats.extra.get("instances_dropped", []))
     job.write_rollouts(batch, it)

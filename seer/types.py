@@ -33,6 +33,9 @@ class GenerateRequest:
     sampling: SamplingParams
     logprobs: bool = True
     priority: int = 0  # engine priority (lower first, preempted last); nonzero needs a priority-scheduling engine
+    # Strings the engine may stop at (multi-turn: the environment's; Seer cuts turns itself as
+    # well, since a stop string can straddle two chunks, which no engine sees).
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ class InstanceClient:
             body["ignore_eos"] = True
         if req.priority:
             body["priority"] = int(req.priority)
+        if req.stop:
+            body["stop"] = list(req.stop)
+            body["include_stop_str_in_output"] = True
         return body
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:

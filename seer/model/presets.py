@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from seer.tasks.calculator import CalcTaskConfig
 from seer.tasks.running_sum import RunningSumConfig
 
 # Characters per trace line of the default task ("-8=0365\n"): what the offset heads look back.
@@ -42,7 +43,9 @@ class WarmStartSpec:
     grad_clip: float = 1.0
     seed: int = 1234
     threads: int = 2  # fixed: float reduction order, hence the weights, depends on it
-    task: RunningSumConfig = field(default_factory=lambda: RunningSumConfig(seed=1_000_003))
+    # The demonstrations' task: the running sum (single-turn traces), or the calculator task
+    # (multi-turn trajectories: the loss covers the model's turns, not the calculator's answers).
+    task: RunningSumConfig | CalcTaskConfig = field(default_factory=lambda: RunningSumConfig(seed=1_000_003))
     # layer-0 heads that start looking this many tokens back (see seer/model/offset_heads.py)
     offset_heads: tuple[int, ...] = ()
     # Share of demonstrations that restate the prompt's start line before the first step: noisy
@@ -80,6 +83,16 @@ PRESETS: dict[str, ModelPreset] = {
         arch=ArchSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192),
         warm_start=WarmStartSpec(
             steps=500, train_prompts=2000, tokens_per_batch=1024, lr=1e-2, offset_heads=(LINE, 2)
+        ),
+    ),
+    # The calculator task's own model (task.name=calculator), so the default model stays as it is:
+    # the call in one turn starts 11 tokens after the answer's first digit ("=0015\n<calc>0015").
+    "calc": ModelPreset(
+        name="calc",
+        arch=ArchSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=1, intermediate_size=384),
+        warm_start=WarmStartSpec(
+            steps=500, train_prompts=3000, tokens_per_batch=1024, lr=5e-3,
+            task=CalcTaskConfig(seed=1_000_003), offset_heads=(11, 11, 1, 2), restate_fraction=0.5,
         ),
     ),
 }

@@ -18,6 +18,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from seer.model.presets import WarmStartSpec
+from seer.tasks import calculator
 from seer.tasks.running_sum import generate_problems, restated_start_line, solve
 
 IGNORE = -100
@@ -37,9 +38,12 @@ class WarmStartReport:
 class _Example:
     input_ids: list[int]
     prompt_len: int
+    trained: tuple[int, ...] | None = None  # per token, 1 where the loss applies (None: the response)
 
 
 def _examples(spec: WarmStartSpec, tokenizer) -> list[_Example]:
+    if isinstance(spec.task, calculator.CalcTaskConfig):
+        return _calc_examples(spec, tokenizer)
     problems = generate_problems(dataclasses.replace(spec.task, num_prompts=spec.train_prompts))
     rng = random.Random(f"warm_start:{spec.seed}")
     restate_rng = random.Random(f"restate:{spec.seed}")
@@ -51,6 +55,30 @@ def _examples(spec: WarmStartSpec, tokenizer) -> list[_Example]:
             text = restated_start_line(p.reference) + text
         response = tokenizer(text, add_special_tokens=False)["input_ids"]
         out.append(_Example(prompt + response + [tokenizer.eos_token_id], len(prompt)))
+    return out
+
+
+def _calc_examples(spec: WarmStartSpec, tokenizer) -> list[_Example]:
+    """Calculator trajectories: the loss covers the model's turns and EOS, not the calculator's
+    answers (masked as the prompt is), as GRPO's loss mask will."""
+    problems = calculator.generate_problems(dataclasses.replace(spec.task, num_prompts=spec.train_prompts))
+    rng = random.Random(f"warm_start:{spec.seed}")
+    restate_rng = random.Random(f"restate:{spec.seed}")
+    out = []
+    for p in problems:
+        ids = list(tokenizer(p.text)["input_ids"])
+        trained = [0] * len(ids)
+        turns = calculator.solve(p.reference, rng)
+        if restate_rng.random() < spec.restate_fraction:
+            turns[0] = (calculator.restated_start_line(p.reference) + turns[0][0], turns[0][1])
+        for turn, obs in turns:
+            t = tokenizer(turn, add_special_tokens=False)["input_ids"] if turn else []
+            o = tokenizer(obs, add_special_tokens=False)["input_ids"] if obs else []
+            ids += t + o
+            trained += [1] * len(t) + [0] * len(o)
+        ids.append(tokenizer.eos_token_id)
+        trained.append(1)
+        out.append(_Example(ids, len(tokenizer(p.text)["input_ids"]), tuple(trained)))
     return out
 
 
@@ -89,6 +117,8 @@ def _collate(batch: list[_Example], pad_id: int) -> dict[str, torch.Tensor]:
         n = len(e.input_ids)
         ids[i, :n] = torch.tensor(e.input_ids)
         labels[i, e.prompt_len : n] = ids[i, e.prompt_len : n]  # loss on the response and EOS only
+        if e.trained is not None:
+            labels[i, :n][torch.tensor(e.trained) == 0] = IGNORE
         mask[i, :n] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 

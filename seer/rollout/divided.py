@@ -18,6 +18,7 @@ from seer.rollout.stats import instance_stats, iteration_stats
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.scheduler.driver import RolloutResult
 from seer.scheduler.events import Progress
+from seer.tasks.env import EnvRunner
 from seer.tasks.reward import RewardRunner
 from seer.types import InstanceBackend, IterationStats, PromptSpec, RolloutBatch, SamplingParams, SpecDecodeCounters
 
@@ -45,6 +46,11 @@ class RolloutContext:
     rewards: RewardRunner
     on_progress: Callable[[Progress], None] | None = None
     true_lengths: Mapping | None = None  # benchmarks' oracle only
+    # Multi-turn rollout (seer.rollout.multi_turn): the run's environments (seer.tasks.env.EnvRunner)
+    # and the model's tokenizer as functions (decode: special tokens skipped; encode: none added).
+    env: EnvRunner | None = None
+    decode: Callable[[list[int]], str] | None = None
+    encode: Callable[[str], list[int]] | None = None
 
 
 RolloutFunction = Callable[[RolloutContext, RolloutRequest], Awaitable[RolloutBatch]]
@@ -53,13 +59,11 @@ RolloutFunction = Callable[[RolloutContext, RolloutRequest], Awaitable[RolloutBa
 async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBatch:
     """Every sample of `req.prompts`, rewarded, with the iteration's stats. Returns once the last
     reward is in. Instances the driver had to drop are listed in `stats.extra["instances_dropped"]`."""
-    base_seed = req.sampling.seed
-    sampling = replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
     result = await driver.run(
         req.prompts,
         group_size=req.group_size,
-        sampling=sampling,
+        sampling=iteration_sampling(req),
         weight_version=req.weight_version,
         request_id_prefix=f"it{req.iteration}-",
         true_lengths=ctx.true_lengths,
@@ -73,14 +77,25 @@ async def divided_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
                         chunks=result.chunks, telemetry=result.telemetry, phases=phases)
 
 
-def stats_from_result(result: RolloutResult, iteration: int, names: list[str]) -> IterationStats:
-    """Per-iteration stats from the driver's raw chunk events and telemetry timeline."""
+def iteration_sampling(req: RolloutRequest) -> SamplingParams:
+    """The request's sampling with its base seed (if any) made distinct per iteration."""
+    base_seed = req.sampling.seed
+    return replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
+
+
+def stats_from_result(result: RolloutResult, iteration: int, names: list[str], *,
+                      finish_times: list[float] | None = None) -> IterationStats:
+    """Per-iteration stats from the driver's raw chunk events and telemetry timeline.
+
+    `finish_times`: when each sample finished, where that is not its last chunk's end (multi-turn:
+    a trajectory ends when its environment says so)."""
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
     tokens: dict[str, int] = defaultdict(int)
     for c in result.chunks:
         busy[c.instance].append((c.dispatch_time, c.complete_time))
         tokens[c.instance] += c.new_tokens
-    finish_times = [c.complete_time for c in result.chunks if c.request_finished]
+    if finish_times is None:
+        finish_times = [c.complete_time for c in result.chunks if c.request_finished]
     instances = instance_stats(names, busy, tokens, result.preemptions(), result.start_time, result.end_time)
     kv_timeline = [
         {"t": round(t.time - result.start_time, 3), "instance": t.instance, "kv_usage": round(t.kv_usage, 4),

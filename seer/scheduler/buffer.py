@@ -19,6 +19,7 @@ class RequestStatus(enum.Enum):
     READY = "ready"  # waiting in the buffer for its next chunk
     RUNNING = "running"  # one chunk in flight on one instance
     FINISHED = "finished"  # EOS or the length limit reached
+    ENV = "env"  # multi-turn: waiting for its environment's observation; holds no instance slot
 
 
 @dataclass(eq=False)
@@ -62,6 +63,16 @@ class Request:
         return [*self.prompt_ids, *self.generated_ids]
 
 
+@dataclass
+class TurnState:
+    """A multi-turn request's turns (kept by the buffer beside the Request): its generated_ids hold
+    every turn's tokens and the observations between them."""
+
+    loss_mask: list[int] = field(default_factory=list)  # 1 on the model's tokens (one logprob each), 0 on observations
+    turn_start: int = 0  # index in generated_ids where the current turn began
+    turns: int = 0  # model turns ended so far
+
+
 @dataclass(eq=False)
 class Group:
     """G requests sharing one prompt: the unit GRPO trains on, not the unit we schedule."""
@@ -80,11 +91,14 @@ class RequestBuffer:
         group_size: int,
         max_tokens: int,
         request_id_prefix: str = "",
+        multi_turn: bool = False,
     ) -> None:
+        """`multi_turn`: requests start waiting for their environment (ENV) and carry a loss mask."""
         if group_size <= 0 or max_tokens <= 0:
             raise ValueError("group_size and max_tokens must be positive")
         self.groups: list[Group] = []
         self.requests: dict[str, Request] = {}
+        self.turn_state: dict[str, TurnState] = {}  # multi-turn only
         seq = 0
         for gid, prompt in enumerate(prompts):
             reqs = []
@@ -93,6 +107,9 @@ class RequestBuffer:
                 if rid in self.requests:
                     raise ValueError(f"duplicate request id {rid}")
                 req = Request(rid, gid, k, list(prompt.prompt_ids), max_tokens, seq)
+                if multi_turn:
+                    req.status = RequestStatus.ENV
+                    self.turn_state[rid] = TurnState()
                 seq += 1
                 self.requests[rid] = req
                 reqs.append(req)
@@ -170,3 +187,46 @@ class RequestBuffer:
             req.failures += 1
         req.status = RequestStatus.READY
         self.num_running -= 1
+
+    # ---- multi-turn ---------------------------------------------------------------------------
+
+    def end_turn_chunk(self, req: Request, token_ids: Sequence[int], logprobs: Sequence[float], now: float,
+                       turn_over: bool) -> None:
+        """Append a multi-turn chunk's model tokens (already cut to the turn); the request goes back
+        to the buffer, or waits for its environment when its turn is over."""
+        ts = self.turn_state.get(req.request_id)
+        if req.status is not RequestStatus.RUNNING or ts is None:
+            raise ValueError(f"{req.request_id} is {req.status.value}, not a running multi-turn request")
+        if len(logprobs) not in (0, len(token_ids)):
+            raise ValueError(f"{req.request_id}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
+        req.generated_ids.extend(token_ids)
+        req.logprobs.extend(list(logprobs) if logprobs else [float("nan")] * len(token_ids))
+        ts.loss_mask.extend([1] * len(token_ids))
+        req.last_finish = now
+        self.num_running -= 1
+        if turn_over:
+            ts.turns += 1
+            req.status = RequestStatus.ENV
+        else:
+            req.status = RequestStatus.READY
+
+    def add_observation(self, req: Request, token_ids: Sequence[int]) -> None:
+        """The environment's tokens after a turn (never trained on); the next turn starts after them."""
+        if req.status is not RequestStatus.ENV:
+            raise ValueError(f"{req.request_id} is {req.status.value}, not waiting for its environment")
+        if req.generated + len(token_ids) >= req.max_tokens:
+            raise ValueError(f"{req.request_id}: an observation of {len(token_ids)} tokens leaves no room "
+                             f"within max_tokens={req.max_tokens}")
+        ts = self.turn_state[req.request_id]
+        req.generated_ids.extend(token_ids)
+        ts.loss_mask.extend([0] * len(token_ids))
+        ts.turn_start = len(req.generated_ids)
+        req.status = RequestStatus.READY
+
+    def finish(self, req: Request, finish_reason: str) -> None:
+        """A multi-turn request is done (its environment said so, or a limit ended it)."""
+        if req.status is not RequestStatus.ENV:
+            raise ValueError(f"{req.request_id} is {req.status.value}, not waiting for its environment")
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = finish_reason
+        self.num_finished += 1

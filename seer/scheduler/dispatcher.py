@@ -18,6 +18,7 @@ from seer.scheduler.decisions import Decision, Dispatch
 from seer.scheduler.events import ChunkEvent
 from seer.scheduler.placement import InstanceLoad
 from seer.scheduler.policies import Policy
+from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 
 class RolloutError(RuntimeError):
@@ -37,6 +38,7 @@ class ChunkTicket:
     migrated: bool
     dispatch_time: float
     generate: GenerateRequest
+    turn: int = 0  # multi-turn: turns the request had ended when this chunk was sent
 
 
 class Dispatcher:
@@ -52,12 +54,22 @@ class Dispatcher:
         request_id_prefix: str = "",
         kv_capacity_tokens: int | None = None,
         max_chunk_retries: int = 3,
+        turns: TurnSplitter | None = None,
     ) -> None:
         """`sampling.max_tokens` is each request's length limit; `sampling.seed`, when set, is the
-        base of every chunk's seed. `kv_capacity_tokens` overrides what telemetry reports."""
+        base of every chunk's seed. `kv_capacity_tokens` overrides what telemetry reports.
+
+        `turns`: multi-turn requests. Every request then starts waiting for its environment, and
+        each turn that ends (by `turns.cut`) is queued in `turn_ends` until `resume` answers it;
+        `sampling.max_tokens` bounds the whole trajectory, observations included."""
         if not instances or len(set(instances)) != len(instances):
             raise ValueError(f"need distinct instance names, got {list(instances)}")
-        self.buffer = RequestBuffer(prompts, group_size, sampling.max_tokens, request_id_prefix)
+        self.buffer = RequestBuffer(prompts, group_size, sampling.max_tokens, request_id_prefix,
+                                    multi_turn=turns is not None)
+        self.turns = turns
+        # Multi-turn: requests whose environment must answer before they continue, oldest first.
+        self.turn_ends: list[TurnEnd] = ([TurnEnd(r, 0, (), "start") for r in self.buffer.requests.values()]
+                                         if turns is not None else [])
         self.sampling = sampling
         self.policy = policy
         self.weight_version = weight_version
@@ -127,7 +139,9 @@ class Dispatcher:
             kv_tokens=d.kv_tokens,
             migrated=prev is not None and prev != d.instance,
             dispatch_time=now,
-            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling, priority=d.priority),
+            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling, priority=d.priority,
+                                     stop=self.turns.stop if self.turns is not None else ()),
+            turn=self._turns_of(req),
         )
 
     def _release(self, ticket: ChunkTicket) -> None:
@@ -147,6 +161,9 @@ class Dispatcher:
             raise RolloutError(
                 f"{result.request_id}: engine returned {len(result.token_ids)} tokens for max_tokens={ticket.max_tokens}"
             )
+        if self.turns is not None:
+            self._complete_turn_chunk(ticket, result, now)
+            return None
         finished = self.buffer.end_chunk(req, result.token_ids, result.logprobs, result.finish_reason, now)
         self.output_tokens += len(result.token_ids)
         self.chunks_migrated += ticket.migrated
@@ -162,6 +179,55 @@ class Dispatcher:
             return sample
         if result.finish_reason == "abort":
             self._count_failure(req, f"aborted on {ticket.instance}")
+        self.policy.on_ready(req)
+        return None
+
+    def _complete_turn_chunk(self, ticket: ChunkTicket, result: GenerateResult, now: float) -> None:
+        """A multi-turn chunk: cut it where its turn ends; a turn that ended waits for its environment."""
+        req = ticket.request
+        ts = self.buffer.turn_state[req.request_id]
+        cut = self.turns.cut(req.generated_ids[ts.turn_start:], result.token_ids, result.finish_reason)
+        keep, reason = (len(result.token_ids), None) if cut is None else (cut.keep, cut.reason)
+        room = req.max_tokens - req.generated
+        if keep >= room:  # the trajectory's budget is spent: this turn is its last
+            keep, reason = room, "length"
+        ids = list(result.token_ids[:keep])
+        self.buffer.end_turn_chunk(req, ids, list(result.logprobs[:keep]), now, turn_over=reason is not None)
+        self.output_tokens += len(ids)
+        self.chunks_migrated += ticket.migrated
+        self.events.append(self._event(
+            ticket, now, cached_prefix_tokens=result.cached_prefix_tokens, new_tokens=len(ids),
+            finish_reason=result.finish_reason, engine_start_time=result.start_time,
+            engine_finish_time=result.finish_time, request_finished=False,
+        ))
+        if reason is not None:
+            self.turn_ends.append(TurnEnd(req, ts.turns, tuple(req.generated_ids[ts.turn_start:]), reason))
+            return
+        if result.finish_reason == "abort":
+            self._count_failure(req, f"aborted on {ticket.instance}")
+        self.policy.on_ready(req)
+
+    def _turns_of(self, req: Request) -> int:
+        ts = self.buffer.turn_state.get(req.request_id)
+        return ts.turns if ts is not None else 0
+
+    def take_turn_ends(self) -> list[TurnEnd]:
+        """The turns that ended since the last call (multi-turn): each awaits one `resume`."""
+        out, self.turn_ends = self.turn_ends, []
+        return out
+
+    def resume(self, end: TurnEnd, reply: TurnReply, now: float) -> Sample | None:
+        """The environment's answer to `end`: the request continues after the observation, or is
+        finished (returns its Sample). A request whose budget is spent cannot continue."""
+        req = end.request
+        if reply.done or end.reason == "length":
+            self.buffer.finish(req, reply.finish_reason if reply.done else "length")
+            req.last_finish = now
+            self.policy.on_finished(req)
+            sample = self._sample(req)
+            self.samples.append(sample)
+            return sample
+        self.buffer.add_observation(req, list(reply.observation_ids))
         self.policy.on_ready(req)
         return None
 
@@ -203,7 +269,7 @@ class Dispatcher:
             sample_index=req.sample_index, chunk_index=ticket.chunk_index, instance=ticket.instance,
             reason=ticket.reason, max_tokens=ticket.max_tokens, kv_tokens=ticket.kv_tokens,
             prompt_tokens=len(ticket.generate.prompt_ids), migrated=ticket.migrated,
-            dispatch_time=ticket.dispatch_time, complete_time=now, **outcome,
+            dispatch_time=ticket.dispatch_time, complete_time=now, turn=ticket.turn, **outcome,
         )
 
     def _count_failure(self, req: Request, what: str) -> None:
@@ -213,6 +279,7 @@ class Dispatcher:
 
     def _sample(self, req: Request) -> Sample:
         assert req.status is RequestStatus.FINISHED
+        ts = self.buffer.turn_state.get(req.request_id)
         return Sample(
             group_id=req.group_id,
             sample_index=req.sample_index,
@@ -225,4 +292,6 @@ class Dispatcher:
             finish_time=req.last_finish if req.last_finish is not None else 0.0,
             instances=list(req.instances),
             weight_version=self.weight_version,
+            loss_mask=list(ts.loss_mask) if ts is not None else None,
+            turns=ts.turns if ts is not None else 1,
         )

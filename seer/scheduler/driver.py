@@ -22,8 +22,10 @@ from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.events import ChunkEvent, Progress
 from seer.scheduler.policies import LengthKey
+from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 SampleCallback = Callable[[Sample], Awaitable[None] | None]
+TurnCallback = Callable[[TurnEnd], Awaitable[TurnReply]]
 ProgressCallback = Callable[[Progress], None]
 
 log = logging.getLogger(__name__)
@@ -116,13 +118,22 @@ class RolloutDriver:
         true_lengths: Mapping[LengthKey, int] | None = None,
         on_sample_finished: SampleCallback | None = None,
         on_progress: ProgressCallback | None = None,
+        turns: TurnSplitter | None = None,
+        on_turn_end: TurnCallback | None = None,
     ) -> RolloutResult:
         """Generate `group_size` samples of every prompt; returns when all are finished.
 
         `on_sample_finished` is called as each sample finishes (rewards can start at once); if it
         returns an awaitable, that runs as a task and is awaited before run returns.
         `true_lengths` is for the oracle_lfs benchmark policy only.
+
+        Multi-turn (`turns` and `on_turn_end` together): before a request's first turn and after
+        each turn, `on_turn_end` runs as a task (the environment's work) while the request holds
+        no instance slot and other chunks go on; its TurnReply continues or finishes the request.
+        It must not raise: an environment's errors are its replies.
         """
+        if (turns is None) != (on_turn_end is None):
+            raise ValueError("multi-turn rollout needs both turns and on_turn_end")
         policy = self.config.build_policy(true_lengths)
         disp = Dispatcher(
             prompts,
@@ -134,6 +145,7 @@ class RolloutDriver:
             request_id_prefix=request_id_prefix,
             kv_capacity_tokens=self.config.kv_capacity_tokens,
             max_chunk_retries=self.config.max_chunk_retries,
+            turns=turns,
         )
         timeline: list[Telemetry] = []
         await self._poll_telemetry(disp, timeline)  # capacities before the first decision
@@ -146,10 +158,20 @@ class RolloutDriver:
         start = self.clock()
         self._heard = {name: start for name in self.backends}  # last sign of life per instance
         pending: dict[asyncio.Task, ChunkTicket] = {}
+        env_tasks: dict[asyncio.Task, TurnEnd] = {}
         callbacks: list[asyncio.Task] = []
+
+        def finished(sample: Sample | None) -> None:
+            if sample is not None and on_sample_finished is not None:
+                out = on_sample_finished(sample)
+                if inspect.isawaitable(out):
+                    callbacks.append(asyncio.ensure_future(out))
+
         poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
         try:
             while not disp.done:
+                for turn_end in disp.take_turn_ends():
+                    env_tasks[asyncio.ensure_future(on_turn_end(turn_end))] = turn_end
                 while True:
                     decision = disp.next_decision()
                     if isinstance(decision, Wait):
@@ -157,14 +179,18 @@ class RolloutDriver:
                     ticket = disp.start(decision, self.clock())
                     task = asyncio.create_task(self.backends[ticket.instance].generate(ticket.generate))
                     pending[task] = ticket
-                if not pending:
+                if not pending and not env_tasks:
                     raise RolloutError(f"{len(disp.buffer) - disp.buffer.num_finished} requests left but nothing dispatchable")
                 done, _ = await asyncio.wait(
-                    pending, timeout=self.config.telemetry_interval_s, return_when=asyncio.FIRST_COMPLETED
+                    [*pending, *env_tasks], timeout=self.config.telemetry_interval_s,
+                    return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
                     self._drop_hung(disp, pending)
                     continue
+                for task in sorted((t for t in done if t in env_tasks), key=lambda t: env_tasks[t].request.seq):
+                    finished(disp.resume(env_tasks.pop(task), task.result(), self.clock()))
+                done = {t for t in done if t in pending}
                 # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
                 for task in sorted(done, key=lambda t: pending[t].request.seq):
                     ticket = pending.pop(task)
@@ -175,11 +201,7 @@ class RolloutDriver:
                         disp.fail(ticket, error, self.clock(), instance_lost=lost)
                         continue
                     self._heard[ticket.instance] = now
-                    sample = disp.complete(ticket, task.result(), now)
-                    if sample is not None and on_sample_finished is not None:
-                        out = on_sample_finished(sample)
-                        if inspect.isawaitable(out):
-                            callbacks.append(asyncio.ensure_future(out))
+                    finished(disp.complete(ticket, task.result(), now))
                 if on_progress is not None:
                     on_progress(
                         Progress(disp.buffer.num_finished, len(disp.buffer), len(pending),
@@ -195,6 +217,8 @@ class RolloutDriver:
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
             await self._abort(pending)
+            for t in env_tasks:
+                t.cancel()
             for cb in callbacks:
                 cb.cancel()
         await self._poll_telemetry(disp, timeline)  # closing sample: preemption deltas cover the run

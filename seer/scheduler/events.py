@@ -28,6 +28,7 @@ class ChunkEvent:
     engine_start_time: float  # the engine's own timestamps (its clock)
     engine_finish_time: float
     request_finished: bool
+    turn: int = 0  # multi-turn: the request's turns ended before this chunk (its chunks of turn k+1 have k)
 
     @property
     def recomputed_prefix_tokens(self) -> int:

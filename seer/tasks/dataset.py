@@ -23,10 +23,13 @@ from typing import Any
 from seer.plugins import PluginError, check_arguments, resolve
 from seer.types import PromptSpec
 from seer.tasks.reward import RewardFn, resolve_reward_fn
+from seer.tasks import calculator
 from seer.tasks.running_sum import RunningSumConfig, generate_problems
 
-BUILTIN_TASKS = ("running_sum",)
+BUILTIN_TASKS = ("running_sum", "calculator")
 RUNNING_SUM_REWARD = "seer.tasks.running_sum:score"
+CALCULATOR_REWARD = "seer.tasks.calculator:score"  # the calculator environment's reward, from the text
+ENV_FALLBACK_REWARD = "seer.tasks.env:zero_reward"  # an environment task without task.reward
 
 
 class DatasetError(ValueError):
@@ -77,6 +80,13 @@ class TaskConfig:
     seed: int = 0  # built-in task only
     median_steps: float = 18.0  # built-in task only: median reasoning steps per prompt
     sigma: float = 1.1  # built-in task only: lognormal spread of the step count
+    # The multi-turn environment, "package.module:Class" or a built-in name (calculator); setting
+    # it selects the multi-turn rollout (seer.rollout.multi_turn). The calculator task sets it itself.
+    env: str | None = None
+    # Keyword arguments of the environment's constructor (calculator: latency_median_s, latency_sigma)
+    env_args: dict[str, Any] = field(default_factory=dict)
+    median_turns: float = 4.0  # built-in calculator task only: median calculator calls per prompt
+    turns_sigma: float = 0.7  # built-in calculator task only: lognormal spread of the turn count
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class Task:
     records: list[TaskRecord]
     reward_spec: str  # "module:function"
     reward_fn: RewardFn
+    env: str | None = None  # multi-turn: the environment (task.env), None for single-turn
+    env_args: dict = field(default_factory=dict)
 
 
 def load_task(cfg: TaskConfig) -> Task:
@@ -95,7 +107,7 @@ def load_task(cfg: TaskConfig) -> Task:
         raise DatasetError("task.loader_args are the arguments of task.loader, which is not set")
     if cfg.dataset is not None or cfg.loader is not None:
         what = f"dataset {cfg.dataset}" if cfg.dataset is not None else f"task.loader {cfg.loader!r}"
-        if not cfg.reward:
+        if not cfg.reward and not cfg.env:
             raise DatasetError(f"{what} needs a reward function: set task.reward to 'module:function'")
         template = chat_template_text(cfg.chat_template)
         if cfg.dataset is not None:
@@ -104,15 +116,22 @@ def load_task(cfg: TaskConfig) -> Task:
         else:
             records = load_records(cfg.loader, cfg.loader_args, prompt_field=cfg.prompt_field, chat_template=template)
             name = cfg.loader.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-        return Task(name, records, cfg.reward, resolve_reward_fn(cfg.reward))
+        reward = cfg.reward or ENV_FALLBACK_REWARD
+        return Task(name, records, reward, resolve_reward_fn(reward), cfg.env, dict(cfg.env_args))
     if cfg.name not in BUILTIN_TASKS:
         raise DatasetError(f"unknown built-in task {cfg.name!r}; known: {', '.join(BUILTIN_TASKS)} "
                            "(or set task.dataset or task.loader)")
+    if cfg.name == "calculator":
+        problems = calculator.generate_problems(calculator.CalcTaskConfig(
+            num_prompts=cfg.num_prompts, seed=cfg.seed, median_turns=cfg.median_turns, sigma=cfg.turns_sigma))
+        records = [TaskRecord(i, p.text, p.reference) for i, p in enumerate(problems)]
+        reward = cfg.reward or CALCULATOR_REWARD
+        return Task(cfg.name, records, reward, resolve_reward_fn(reward), cfg.env or "calculator", dict(cfg.env_args))
     records = running_sum_records(
         RunningSumConfig(num_prompts=cfg.num_prompts, seed=cfg.seed, median_steps=cfg.median_steps, sigma=cfg.sigma)
     )
     reward = cfg.reward or RUNNING_SUM_REWARD
-    return Task(cfg.name, records, reward, resolve_reward_fn(reward))
+    return Task(cfg.name, records, reward, resolve_reward_fn(reward), cfg.env, dict(cfg.env_args))
 
 
 def resolve_loader(spec: str, args: Mapping[str, Any] = {}):

@@ -14,17 +14,14 @@ The run config's settings: `rollout.reward_workers` (concurrent calls), `rollout
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
-import multiprocessing
-import threading
 import time
-from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from seer.plugins import PluginError, resolve
+from seer.tasks.workers import Workers
 from seer.types import Sample
 
 RewardFn = Callable[[str, dict], float]  # fn(response_text, reference) -> reward
@@ -73,11 +70,6 @@ def _warm_worker(spec: str) -> None:
         _worker_fns[spec] = resolve_reward_fn(spec)
 
 
-def _settle(fut: asyncio.Future, ok: bool, value) -> None:
-    if not fut.done():  # not given up on (timed out, cancelled) meanwhile
-        fut.set_result(value) if ok else fut.set_exception(value)
-
-
 @dataclass
 class RewardStats:
     scored: int = 0
@@ -121,11 +113,8 @@ class RewardRunner:
             raise ValueError("a process pool needs the reward as a 'module:function' spec")
         self.max_workers = max_workers
         self._processes = use_processes
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._warm: list[concurrent.futures.Future] = []
-        if use_processes:
-            self._pool = self._new_pool()
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._workers = Workers(max_workers, use_processes=use_processes, timeout_s=timeout_s,
+                                warm=_warm_worker if use_processes else None, warm_args=(self._spec,))
         self.on_error = on_error
         self.timeout_s = timeout_s
         self._decode = decode
@@ -138,10 +127,13 @@ class RewardRunner:
             sample.response_text = self._decode(sample.response_ids)
         text, ref = sample.response_text, sample.prompt.reference
         try:
-            async with self._semaphore():
+            async with self._workers.slots():
                 t0 = time.monotonic()
                 try:
-                    sample.reward = await (self._in_process(text, ref) if self._processes else self._in_thread(text, ref))
+                    if self._processes:
+                        sample.reward = await self._workers.run(_call_by_spec, self._spec, text, ref)
+                    else:
+                        sample.reward = await self._workers.run(call_reward, self._fn, text, ref)
                     sample.reward_error = None
                 finally:
                     self.stats.busy_s += time.monotonic() - t0
@@ -154,68 +146,6 @@ class RewardRunner:
         if sample.reward_error is not None and self.on_error == "abort":
             raise RewardAborted(sample)
         return sample
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        """The worker slots, one set per event loop (the loop runs an asyncio.run per iteration)."""
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:
-            self._slots = (loop, asyncio.Semaphore(self.max_workers))
-        return self._slots[1]
-
-    async def _in_thread(self, text: str, reference: dict) -> float:
-        """One call on its own daemon thread, so that one past its timeout can be left behind."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-
-        def target() -> None:
-            try:
-                outcome = (True, call_reward(self._fn, text, reference))
-            except BaseException as e:  # handed to the awaiting coroutine
-                outcome = (False, e)
-            try:
-                loop.call_soon_threadsafe(_settle, fut, *outcome)
-            except RuntimeError:  # the loop has closed: nobody waits for this any more
-                pass
-
-        threading.Thread(target=target, name="seer-reward", daemon=True).start()
-        return await asyncio.wait_for(fut, self.timeout_s)
-
-    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
-        pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"))
-        self._warm = [pool.submit(_warm_worker, self._spec) for _ in range(self.max_workers)]
-        return pool
-
-    async def _in_process(self, text: str, reference: dict) -> float:
-        retried = False
-        while True:
-            pool, warm = self._pool, self._warm
-            try:
-                await asyncio.gather(*map(asyncio.wrap_future, warm))  # the workers' start is not the call's time
-                if pool is not self._pool:
-                    continue  # replaced (another call timed out) while it started
-                fut = asyncio.get_running_loop().run_in_executor(pool, _call_by_spec, self._spec, text, reference)
-                return await asyncio.wait_for(fut, self.timeout_s)
-            except asyncio.TimeoutError:
-                self._replace_pool(pool)  # its worker is stuck in the call: kill it
-                raise
-            except BrokenProcessPool:
-                if pool is not self._pool and not retried:  # killed for another call's timeout: run again
-                    retried = True
-                    continue
-                raise
-
-    def _replace_pool(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
-        if pool is self._pool:
-            self._pool = self._new_pool()
-            self._kill(pool)
-
-    @staticmethod
-    def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
 
     def _fail(self, sample: Sample, error: str) -> None:
         sample.reward, sample.reward_error = 0.0, error
@@ -240,8 +170,7 @@ class RewardRunner:
     def close(self) -> None:
         """Stop the workers. Nothing is waited for: call after wait_all (a call still running, as
         after an abort, is given up: its process is killed, its thread left to finish detached)."""
-        if self._pool is not None:
-            self._kill(self._pool)
+        self._workers.close()
 
     def __enter__(self) -> RewardRunner:
         return self

@@ -55,6 +55,20 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
+def response_logprobs(logprobs: list[float], loss_mask: list[int] | None, n: int) -> list[float] | None:
+    """A sample's rollout log-probs, one per response token: a multi-turn sample's cover its generated
+    tokens only (the mask's ones), so they are spread onto those, with 0 under the observations
+    (masked out of the loss and the mismatch). None when they do not line up (unknown)."""
+    if not logprobs:
+        return None
+    if loss_mask is None:
+        return list(logprobs) if len(logprobs) == n else None
+    if len(loss_mask) != n or sum(loss_mask) != len(logprobs):
+        return None
+    it = iter(logprobs)
+    return [next(it) if m else 0.0 for m in loss_mask]
+
+
 def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> MicroBatch:
     """Right-pad ``seqs`` into one MicroBatch; targets at j are tokens at j+1."""
     width = max(s.length for s in seqs)

@@ -23,7 +23,7 @@ from seer.types import RolloutBatch
 from seer.trainer import losses, tp_shard
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
-from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, shard_by_tokens
+from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, response_logprobs, shard_by_tokens
 from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import RankPlace, init_megatron
 from seer.trainer.export import atomic_write_bytes, checkpoint_files, write_hf_checkpoint
@@ -223,7 +223,7 @@ class Trainer:
                 prompt_ids=list(s.prompt.prompt_ids),
                 response_ids=list(s.response_ids),
                 advantage=float(a),
-                rollout_logprobs=list(s.logprobs) if s.logprobs else None,
+                rollout_logprobs=response_logprobs(s.logprobs, s.loss_mask, len(s.response_ids)),
                 loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
             )
             for s, a in zip(samples, adv.tolist(), strict=True)

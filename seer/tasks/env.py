@@ -1,0 +1,271 @@
+"""Environments of multi-turn tasks, named by `task.env` (`module:Class`, or a built-in name).
+
+One environment object per trajectory, made from its dataset record (`Class(prompt, reference,
+**task.env_args)`). `reset` may add a first observation after the prompt; then each model turn
+(its decoded text and token ids) goes to `step`, which returns the next observation, whether the
+trajectory is done, and its reward when it is. Both may be `async`.
+
+Steps run in workers that a timeout can kill (seer.tasks.workers, as rewards do), so a tool that
+blocks or hangs never stalls the rollout. In process mode (the default) the environment object
+travels to the worker with every call and back with its new state, so it must pickle; a step that
+times out loses only that step (the worker is killed; the state before the step is kept). A step
+that raises or times out becomes an error observation (`env.on_error: observe`) or ends the
+trajectory with reward 0 and the error recorded (`end`); either way it is counted.
+
+Observations are token ids: give `Observation.token_ids` to append exactly those, or `text` and
+Seer tokenizes it once with the model's tokenizer. Nothing is ever re-tokenized from text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from seer.plugins import PluginError, check_arguments, is_path, resolve
+from seer.tasks.workers import Workers
+
+BUILTIN_ENVS = {"calculator": "seer.tasks.calculator:CalculatorEnv"}
+
+
+class EnvSpecError(PluginError):
+    """A `task.env` that does not name a usable environment class; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment shows the model next: exact `token_ids`, or `text` to tokenize once."""
+
+    text: str = ""
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn as the environment receives it."""
+
+    index: int  # 1 for the first turn
+    text: str  # decoded (special tokens skipped)
+    token_ids: tuple[int, ...]
+    reason: str  # why it ended: "stop_sequence", "eos", "turn_length"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: Observation | str | None = None  # appended before the next turn (ignored when done)
+    done: bool = False
+    reward: float | None = None  # when done: the trajectory's reward
+
+
+class Environment:
+    """Base class of environments (subclassing it is optional; the methods are the interface).
+
+    `stop`: strings that end a model turn besides EOS (a tool-call end tag); the turn's text
+    includes the stop string. Keep `__init__` cheap: it runs in the rollout's process; `reset`
+    and `step` run in workers.
+    """
+
+    stop: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, prompt: str, reference: dict) -> None:
+        self.prompt, self.reference = prompt, reference
+
+    async def reset(self) -> Observation | str | None:
+        """The first observation after the prompt (None: the prompt alone)."""
+        return None
+
+    async def step(self, turn: Turn) -> StepResult:
+        raise NotImplementedError
+
+    def error_observation(self, error: str) -> Observation | str:
+        """What the model sees after a step that raised or timed out (env.on_error: observe)."""
+        return f"\n[error: {error}]\n"
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn limits and how environment steps run (used when `task.env` is set)."""
+
+    max_turns: int = 32  # model turns per trajectory; the last ends it (reward 0) unless the environment is done
+    # Tokens one model turn may generate (None: only the trajectory's budget, rollout.max_tokens,
+    # which in multi-turn rollout covers every turn and observation)
+    max_turn_tokens: int | None = None
+    timeout_s: float | None = 10.0  # per environment call (reset or step); past it the call is an error
+    on_error: Literal["observe", "end"] = "observe"  # a step that raised or timed out: error observation, or end with reward 0
+    mode: Literal["process", "thread"] = "process"  # where steps run: killable worker processes, or threads
+    workers: int = 8  # environment calls at once
+    stop: tuple[str, ...] = ()  # stop sequences that end a turn besides the environment's own (its `stop`)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.max_turns < 1:
+            out.append(("env.max_turns", f"must be >= 1, got {self.max_turns}"))
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            out.append(("env.max_turn_tokens", f"must be >= 1 (or null), got {self.max_turn_tokens}"))
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            out.append(("env.timeout_s", f"must be > 0 (or null: no limit), got {self.timeout_s}"))
+        if self.workers < 1:
+            out.append(("env.workers", f"must be >= 1, got {self.workers}"))
+        if any(not s for s in self.stop):
+            out.append(("env.stop", "stop sequences must be non-empty strings"))
+        return out
+
+
+def env_path(spec: str) -> str:
+    """A built-in name's `module:Class` path; a path as is."""
+    if is_path(spec):
+        return spec
+    if spec not in BUILTIN_ENVS:
+        raise EnvSpecError(f"task.env {spec!r}: not a built-in environment ({', '.join(BUILTIN_ENVS)}) "
+                           "nor a 'package.module:Class' path")
+    return BUILTIN_ENVS[spec]
+
+
+def resolve_env(spec: str, args: dict | None = None) -> type:
+    """The `task.env` class, checked to take (prompt, reference, **task.env_args) and to have a `step`."""
+    cls = resolve(env_path(spec), key="task.env", kind=inspect.isclass, kind_name="class", error=EnvSpecError)
+    if not callable(getattr(cls, "step", None)):
+        raise EnvSpecError(f"task.env {spec!r}: {cls.__name__} has no step(turn) method")
+    stop = getattr(cls, "stop", ())
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise EnvSpecError(f"task.env {spec!r}: {cls.__name__}.stop must be a tuple of non-empty strings, got {stop!r}")
+    try:
+        check_arguments(cls, args or {}, key="task.env_args", given={"prompt": "", "reference": {}}, fn_key="task.env")
+    except PluginError as e:
+        raise EnvSpecError(str(e)) from None
+    return cls
+
+
+def zero_reward(response_text: str, reference: dict) -> float:
+    """task.reward of an environment task that sets none: an environment that ends without a reward scores 0."""
+    return 0.0
+
+
+# ---- running calls in workers ----------------------------------------------------------------
+
+_imported: set[str] = set()
+
+
+def _warm(path: str) -> None:
+    """Runs once per fresh worker process: importing the environment's module is start-up."""
+    if path not in _imported:
+        resolve(path, key="task.env", kind=inspect.isclass, kind_name="class")
+        _imported.add(path)
+
+
+def _call(env: Any, method: str, args: tuple) -> tuple[Any, Any]:
+    """Runs in a worker: one method call (awaited on a fresh loop if async); the object comes back with its new state."""
+    out = getattr(env, method)(*args)
+    if inspect.isawaitable(out):
+        async def wait():
+            return await out
+        out = asyncio.run(wait())
+    return env, out
+
+
+@dataclass
+class EnvStats:
+    calls: int = 0  # resets and steps
+    errors: int = 0  # calls that raised, returned junk or timed out
+    timeouts: int = 0
+    busy_s: float = 0.0  # summed wall time of calls
+    error_samples: list[str] = field(default_factory=list)  # the first few error messages
+
+    def as_dict(self) -> dict:
+        return {"env_calls": self.calls, "env_errors": self.errors, "env_timeouts": self.timeouts,
+                "env_busy_s": round(self.busy_s, 3), "env_error_messages": list(self.error_samples)}
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """One environment call's outcome, errors included (never raised)."""
+
+    observation: Observation | None
+    done: bool
+    reward: float | None = None
+    error: str | None = None
+
+
+class EnvRunner:
+    """Makes one environment per trajectory and runs its calls in `Workers` with the timeout."""
+
+    def __init__(self, spec: str, cfg: EnvConfig, args: dict | None = None) -> None:
+        self.path = env_path(spec)
+        self.cls = resolve_env(spec, args)
+        self.args = dict(args or {})
+        self.cfg = cfg
+        self.stop: tuple[str, ...] = tuple(dict.fromkeys([*getattr(self.cls, "stop", ()), *cfg.stop]))
+        self._workers = Workers(cfg.workers, use_processes=cfg.mode == "process", timeout_s=cfg.timeout_s,
+                                warm=_warm if cfg.mode == "process" else None, warm_args=(self.path,))
+        self._envs: dict[str, Any] = {}
+        self.stats = EnvStats()
+
+    async def start(self, key: str, prompt: str, reference: dict) -> EnvReply:
+        """Create trajectory `key`'s environment and reset it."""
+        try:
+            self._envs[key] = self.cls(prompt, dict(reference), **self.args)
+        except Exception as e:  # the user's constructor
+            return self._error(key, f"{type(e).__name__} in {self.cls.__name__}(): {e}")
+        return await self._run(key, "reset", ())
+
+    async def step(self, key: str, turn: Turn) -> EnvReply:
+        return await self._run(key, "step", (turn,))
+
+    def discard(self, key: str) -> None:
+        self._envs.pop(key, None)
+
+    async def _run(self, key: str, method: str, args: tuple) -> EnvReply:
+        env = self._envs[key]
+        async with self._workers.slots():
+            t0 = time.monotonic()
+            try:
+                env, out = await self._workers.run(_call, env, method, args)
+            except asyncio.TimeoutError:
+                self.stats.timeouts += 1
+                return self._error(key, f"TimeoutError: {method} took longer than {self.cfg.timeout_s} s")
+            except Exception as e:  # the user's code may raise anything
+                return self._error(key, f"{type(e).__name__}: {e}")
+            finally:
+                self.stats.calls += 1
+                self.stats.busy_s += time.monotonic() - t0
+        self._envs[key] = env
+        try:
+            return _reply(method, out)
+        except TypeError as e:
+            return self._error(key, str(e))
+
+    def _error(self, key: str, error: str) -> EnvReply:
+        self.stats.errors += 1
+        if len(self.stats.error_samples) < 5:
+            self.stats.error_samples.append(error)
+        env = self._envs.get(key)
+        if self.cfg.on_error == "end" or env is None:
+            return EnvReply(None, True, 0.0, error)
+        maker = getattr(env, "error_observation", None) or Environment.error_observation.__get__(env)
+        return EnvReply(_observation(maker(error)), False, None, error)
+
+    def close(self) -> None:
+        self._workers.close()
+
+
+def _observation(value: Any) -> Observation | None:
+    if value is None or isinstance(value, Observation):
+        return value
+    if isinstance(value, str):
+        return Observation(text=value)
+    raise TypeError(f"an observation must be an Observation, a str or None, got {type(value).__name__}")
+
+
+def _reply(method: str, out: Any) -> EnvReply:
+    if method == "reset":
+        return EnvReply(_observation(out), False)
+    if not isinstance(out, StepResult):
+        raise TypeError(f"step returned {type(out).__name__}; expected a StepResult")
+    reward = out.reward
+    if out.done and reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                                            or not math.isfinite(reward)):
+        raise TypeError(f"step returned reward {reward!r}; expected a finite float")
+    return EnvReply(_observation(out.observation), bool(out.done), None if reward is None else float(reward))
