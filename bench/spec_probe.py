@@ -40,7 +40,7 @@ def _out(name: str):
     if not d:
         return None
     os.makedirs(d, exist_ok=True)
-    return open(os.path.join(d, name), "a", buffering=1 << 16)
+    return open(os.path.join(d, name), "a", buffering=1)  # line-buffered: the server is killed at the end
 
 
 class TimedScheduler(Scheduler):
@@ -74,7 +74,7 @@ class TimedScheduler(Scheduler):
 def _patch_engine_core(scheduler: TimedScheduler) -> None:
     from vllm.v1.engine import core
 
-    cls = core.EngineCore
+    cls = core.EngineCoreProc  # the busy loop's class (post_step is inherited from EngineCore)
     if getattr(cls, "_seer_probe", False):
         return
     step, post = cls._process_engine_step, cls.post_step
@@ -95,8 +95,6 @@ def _patch_engine_core(scheduler: TimedScheduler) -> None:
         if executed and rec and out is not None:
             rec.update(step_t0=t0, step_s=t1 - t0, post_s=self._seer_post_s)
             out.write(json.dumps(rec) + "\n")
-            if rec.get("rows", 0) <= 1:
-                out.flush()
         sched._probe_rec = {}
         return executed
 
