@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.provenance import code_version
-from seer.dgds.vllm import speculative_config
+from seer.dgds.vllm import EXECUTOR_ARGS, speculative_config
 from seer.procs.vllm_metrics import spec_decode_counters
 from seer.request_ids import request_id
 
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     ap.add_argument("--repeats", type=int, default=2, help="the grid this many times, alternating order")
     ap.add_argument("--rollout", action="store_true", help="add a long-tail rollout phase per instance")
+    ap.add_argument("--executor", choices=("vllm", "dgds"), default="vllm",
+                    help="the spec instance's executor: vLLM's, or seer.dgds.vllm.executor (drafts without an RPC)")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--out", default="bench/results/spec_breakdown")
     ap.add_argument("--name", default="spec_breakdown")
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     pypath = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
     specs = [
         InstanceSpec("spec", model, free_port(), cpus="0", **common,
-                     extra_args=(*probe, "--speculative-config", speculative_config(8)),
+                     extra_args=(*probe, "--speculative-config", speculative_config(8),
+                                 *(EXECUTOR_ARGS if args.executor == "dgds" else ())),
                      env={"SEER_DGDS_ADDRESS": dgds.address, "PYTHONPATH": pypath,
                           "SEER_SPEC_PROBE_DIR": str(probe_root / "spec")}),
         InstanceSpec("plain", model, free_port(), cpus="1", **common, extra_args=probe,
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "spec_breakdown",
         "command": "python -m bench.spec_breakdown " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d"), "commit": commit, "dirty": dirty, "model": model,
-        "tokens_per_request": args.tokens, "batches": batches, "gammas": gammas, "repeats": args.repeats,
+        "tokens_per_request": args.tokens, "executor": args.executor, "batches": batches, "gammas": gammas, "repeats": args.repeats,
         "phases": phases, "breakdown": table,
         "load_average": list(os.getloadavg()), "machine": platform.platform(),
     }

@@ -132,11 +132,23 @@ class DgdsProposer:
         """No draft model to load; vLLM's CPU and GPU runners call this with the target model,
         from inside the runner, which is where the proposer learns which runner it serves."""
         if self._runner is None:
-            self._runner = _calling_runner(self)
+            self._set_runner(_calling_runner(self))
 
     def bind_runner(self, runner: Any) -> None:
         """Explicit binding (``seer.dgds.vllm.worker``): the runner whose ``input_batch`` row i is."""
+        self._set_runner(runner)
+
+    def _set_runner(self, runner: Any) -> None:
+        """The runner; its step outputs then carry the drafts (``seer.dgds.vllm.executor``, which
+        saves the engine the per-step RPC that fetches them when it runs that executor)."""
         self._runner = runner
+        if runner is not None and hasattr(runner, "sample_tokens") and hasattr(runner, "take_draft_token_ids"):
+            try:
+                from seer.dgds.vllm.executor import attach_drafts
+
+                attach_drafts(runner)
+            except Exception:  # another vLLM layout: the engine fetches drafts by RPC, as it does anyway
+                log.exception("could not attach drafts to the runner's outputs")
 
     def propose(
         self,
@@ -162,7 +174,7 @@ class DgdsProposer:
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         now = time.perf_counter()
         if self._runner is None:
-            self._runner = _calling_runner(self)
+            self._set_runner(_calling_runner(self))
             if self._runner is None:
                 raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm.worker...")
         batch = self._runner.input_batch
