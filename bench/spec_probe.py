@@ -16,7 +16,8 @@ Two classes, named on the server's command line (nothing in vLLM or Seer changes
 Both clocks are ``time.perf_counter`` (CLOCK_MONOTONIC, shared by the processes), so
 ``bench.spec_breakdown`` joins a worker step to the engine step that contains it. The worker also
 reads ``$SEER_SPEC_PROBE_DIR/gamma`` (when it changes) to force the DGDS proposer's draft length:
-``adaptive`` (Algorithm 1, the default) or a fixed 0..gamma_max, so one instance serves every
+``adaptive`` (Algorithm 1, the default), a fixed 0..gamma_max, or ``off`` (vLLM's speculative
+path with the proposer not called at all: what vLLM itself adds), so one instance serves every
 variant of the benchmark.
 """
 
@@ -125,6 +126,7 @@ class _RunnerProbe:
         self.gamma_path = os.path.join(os.environ.get(OUT_ENV, "."), "gamma")
         self.gamma_mtime = 0.0
         self.forced: int | None = None
+        self.off = False
         self._client_thread: int | None = None
         self._proposer_wrapped = False
         for name in self.PARTS:
@@ -207,6 +209,10 @@ class _RunnerProbe:
         propose = drafter.propose
 
         def counted(*a: Any, **k: Any):
+            if probe.off:  # speculation on in vLLM, the proposer not called: vLLM's own cost
+                out = [[] for _ in a[0]]
+                probe.rec["drafted_rows"] = probe.rec["drafted_tokens"] = 0
+                return out
             out = propose(*a, **k)
             probe.rec["drafted_rows"] = sum(1 for d in out if len(d))
             probe.rec["drafted_tokens"] = sum(len(d) for d in out)
@@ -227,4 +233,5 @@ class _RunnerProbe:
         self.gamma_mtime = m
         with open(self.gamma_path) as f:
             v = f.read().strip()
-        self.forced = None if v in ("", "adaptive") else int(v)
+        self.off = v == "off"
+        self.forced = None if v in ("", "adaptive", "off") else int(v)
