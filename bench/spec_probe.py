@@ -127,6 +127,10 @@ class _RunnerProbe:
         self.gamma_mtime = 0.0
         self.forced: int | None = None
         self.off = False
+        # SEER_SPEC_PROBE_PROFILE=N: cProfile the sampler over N steps after 40 (profile_sample.txt)
+        self.profile_left = int(os.environ.get("SEER_SPEC_PROBE_PROFILE", "0"))
+        self.profile_skip = 40
+        self._profiler = None
         self._client_thread: int | None = None
         self._proposer_wrapped = False
         for name in self.PARTS:
@@ -172,15 +176,37 @@ class _RunnerProbe:
         probe = self
 
         def timed(*a: Any, **k: Any):
+            if name == "_sample" and probe.profile_left:
+                return probe.profiled(fn, a, k)
             t0 = _now()
             try:
                 return fn(*a, **k)
             finally:
                 probe.rec[key] = probe.rec.get(key, 0.0) + (_now() - t0)
                 if name == "_sample":
-                    probe.rec["rejection"] = a[1] is not None if len(a) > 1 else k.get("spec_decode_metadata") is not None
+                    meta = a[1] if len(a) > 1 else k.get("spec_decode_metadata")
+                    probe.rec["rejection"] = meta is not None and meta.max_spec_len > 0
 
         setattr(obj, name, timed)
+
+    def profiled(self, fn, a, k):
+        if self.profile_skip > 0:
+            self.profile_skip -= 1
+            return fn(*a, **k)
+        import cProfile
+        import pstats
+
+        if self._profiler is None:
+            self._profiler = cProfile.Profile()
+        self._profiler.enable()
+        try:
+            return fn(*a, **k)
+        finally:
+            self._profiler.disable()
+            self.profile_left -= 1
+            if self.profile_left == 0:
+                with open(os.path.join(os.environ.get(OUT_ENV, "."), "profile_sample.txt"), "w") as f:
+                    pstats.Stats(self._profiler, stream=f).sort_stats("cumulative").print_stats(40)
 
     def _maybe_wrap_proposer(self) -> None:
         if self._proposer_wrapped:

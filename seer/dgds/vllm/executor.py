@@ -8,7 +8,7 @@ one (docs/dgds.md, "Step breakdown"). Async scheduling, vLLM's own way to skip i
 drafters (and the CPU platform turns it off).
 
 The DGDS proposer attaches the step's drafts to the ``ModelRunnerOutput`` the worker returns anyway
-(``attach_drafts``: an attribute the executor's pickle carries); this executor takes them from
+(``seer.dgds.vllm.runner_hooks.attach_drafts``: an attribute the executor's pickle carries); this executor takes them from
 there, so ``take_draft_token_ids`` needs no RPC, and a step without drafts hands the scheduler
 nothing. With vLLM's own executor the attribute is ignored and the RPC runs as before.
 
@@ -21,7 +21,8 @@ from typing import Any
 
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-DRAFTS_ATTR = "seer_draft_token_ids"
+from seer.dgds.vllm.runner_hooks import DRAFTS_ATTR
+
 _MISSING = object()
 
 
@@ -44,25 +45,3 @@ class DgdsExecutor(MultiprocExecutor):
         if d is _MISSING:
             return super().take_draft_token_ids()
         return d
-
-
-def attach_drafts(runner: Any) -> None:
-    """Wrap ``runner.sample_tokens`` (worker process) so its output carries the step's drafts:
-    vLLM's ``DraftTokenIds``, or None when no row has one. Idempotent."""
-    if getattr(runner, "_seer_attach_drafts", False):
-        return
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    sample = runner.sample_tokens
-
-    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
-        out = sample(*args, **kwargs)
-        if type(out) is ModelRunnerOutput:
-            drafts = runner.take_draft_token_ids()  # local: the lists the proposer returned
-            if drafts is not None and not any(drafts.draft_token_ids):
-                drafts = None
-            setattr(out, DRAFTS_ATTR, drafts)
-        return out
-
-    runner.sample_tokens = sample_tokens
-    runner._seer_attach_drafts = True

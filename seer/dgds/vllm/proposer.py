@@ -139,16 +139,17 @@ class DgdsProposer:
         self._set_runner(runner)
 
     def _set_runner(self, runner: Any) -> None:
-        """The runner; its step outputs then carry the drafts (``seer.dgds.vllm.executor``, which
-        saves the engine the per-step RPC that fetches them when it runs that executor)."""
+        """The runner, with ``seer.dgds.vllm.runner_hooks`` installed: its outputs carry the drafts
+        (no per-step RPC under ``seer.dgds.vllm.executor``), and a step without drafts skips
+        vLLM's rejection sampler."""
         self._runner = runner
         if runner is not None and hasattr(runner, "sample_tokens") and hasattr(runner, "take_draft_token_ids"):
             try:
-                from seer.dgds.vllm.executor import attach_drafts
+                from seer.dgds.vllm import runner_hooks
 
-                attach_drafts(runner)
-            except Exception:  # another vLLM layout: the engine fetches drafts by RPC, as it does anyway
-                log.exception("could not attach drafts to the runner's outputs")
+                runner_hooks.install(runner)
+            except Exception:  # another vLLM layout: vLLM's own path, as without them
+                log.exception("could not install Seer's zero-draft step hooks on the model runner")
 
     def propose(
         self,

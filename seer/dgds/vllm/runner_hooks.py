@@ -1,0 +1,64 @@
+"""What the DGDS proposer changes on the vLLM 0.32 model runner it serves, so that a step whose
+rows got no draft costs what a step without speculation costs (docs/dgds.md, "Step breakdown").
+
+* ``attach_drafts``: the step's output carries its drafts, for ``seer.dgds.vllm.executor``
+  (no per-step RPC to fetch them; harmless with vLLM's own executor).
+* ``plain_sampling_without_drafts``: vLLM builds speculative metadata for every step once
+  speculation is configured (``gpu_model_runner._prepare_inputs``, ``use_spec_decode`` is just
+  ``speculative_config is not None``), so its rejection sampler ran on steps with no draft at all,
+  about a millisecond per step on one CPU core. With no draft in the step, the bonus token is all
+  there is to sample, which is what vLLM's plain sampler does; the step samples with it instead.
+
+Both wrap instance attributes of the one runner (idempotent), never vLLM's classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DRAFTS_ATTR = "seer_draft_token_ids"  # read by seer.dgds.vllm.executor.DgdsExecutor
+
+
+def install(runner: Any) -> None:
+    """Both hooks on ``runner`` (a vLLM v1 GPU/CPU model runner)."""
+    attach_drafts(runner)
+    plain_sampling_without_drafts(runner)
+
+
+def attach_drafts(runner: Any) -> None:
+    """Wrap ``runner.sample_tokens`` (worker process) so its output carries the step's drafts:
+    vLLM's ``DraftTokenIds``, or None when no row has one. Idempotent."""
+    if getattr(runner, "_seer_attach_drafts", False):
+        return
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    sample = runner.sample_tokens
+
+    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+        out = sample(*args, **kwargs)
+        if type(out) is ModelRunnerOutput:
+            drafts = runner.take_draft_token_ids()  # local: the lists the proposer returned
+            if drafts is not None and not any(drafts.draft_token_ids):
+                drafts = None
+            setattr(out, DRAFTS_ATTR, drafts)
+        return out
+
+    runner.sample_tokens = sample_tokens
+    runner._seer_attach_drafts = True
+
+
+def plain_sampling_without_drafts(runner: Any) -> None:
+    """Wrap ``runner._sample``: a step whose speculative metadata holds no draft token samples
+    with the runner's plain sampler (same logits rows: one per request; same output shape)."""
+    if getattr(runner, "_seer_plain_sampling", False):
+        return
+    sample = runner._sample
+
+    def _sample(logits: Any, spec_decode_metadata: Any) -> Any:
+        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+            runner.input_batch.update_async_output_token_ids()
+            return runner.sampler(logits=logits, sampling_metadata=runner.input_batch.sampling_metadata)
+        return sample(logits, spec_decode_metadata)
+
+    runner._sample = _sample
+    runner._seer_plain_sampling = True
