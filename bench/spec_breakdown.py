@@ -98,9 +98,6 @@ def summarize(steps: list[dict]) -> dict:
         lambda s: w(s, "sample_tokens_s") - w(s, "sample_s") - w(s, "bookkeeping_sync_s")
         - w(s, "propose_draft_token_ids_s"))
     d["engine_other_ms"] = d["step_ms"] - d["schedule_ms"] - d["update_from_output_ms"] - d["post_step_ms"] - d["worker_ms"]
-    cpu = [s["worker"]["client_cpu_s"] for s in dec if "client_cpu_s" in s["worker"]]
-    if len(cpu) > 1:
-        d["client_thread_cpu_ms"] = 1e3 * (cpu[-1] - cpu[0]) / (len(cpu) - 1)
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
 
@@ -142,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--out", default="bench/results/spec_breakdown")
     ap.add_argument("--name", default="spec_breakdown")
+    ap.add_argument("--render", action="store_true",
+                    help="re-analyse a recorded run (its JSON and the per-step logs under --out/logs) without running")
     args = ap.parse_args(argv)
+    if args.render:
+        return render_recorded(Path(args.out), args.name)
     batches = [int(b) for b in args.batches.split(",")]
     gammas = [g.strip() for g in args.gammas.split(",")]
 
@@ -249,14 +250,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def render_recorded(out: Path, name: str) -> int:
+    """Recompute the breakdown of a recorded run from its phases and per-step logs; the record
+    keeps its command, date and commit, and notes the commit that re-rendered it."""
+    path = out / f"{name}.json"
+    result = json.loads(path.read_text())
+    probe_root = out / "logs" / "probe" / name
+    steps = {n: join_steps(_load(probe_root / n / "engine.jsonl"), _load(probe_root / n / "worker.jsonl"))
+             for n in ("plain", "spec")}
+    if not steps["spec"]:
+        raise SystemExit(f"no per-step logs under {probe_root}")
+    result["breakdown"] = analyse(result["phases"], steps)
+    result["rendered_by"] = code_version()[0]
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{name}.md").write_text(render(result))
+    return 0
+
+
 def analyse(phases: list[dict], steps: dict[str, list[dict]]) -> list[dict]:
     """One row per (kind, variant, batch or phase): the summary of its decode steps."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     tps: dict[tuple, list[float]] = defaultdict(list)
     spec: dict[tuple, list[dict]] = defaultdict(list)
+    cpu: dict[tuple, list[float]] = defaultdict(list)  # the client thread's CPU per step, per phase
     for ph in phases:
         inst = "plain" if ph["variant"] == "plain" else "spec"
         mine = [s for s in steps[inst] if ph["t0"] <= s["step_t0"] <= ph["t1"]]
+        c = [s["worker"]["client_cpu_s"] for s in mine if s["worker"] and "client_cpu_s" in s["worker"]]
+        if len(c) > 1:  # within the phase only: the thread also runs between phases
+            cpu[("grid", ph["variant"], ph["batch"]) if ph["kind"] == "grid" else ("rollout", ph["variant"], "all")
+                ].append(round(1e3 * (c[-1] - c[0]) / (len(c) - 1), 3))
         if ph["kind"] == "grid":
             keys = [("grid", ph["variant"], ph["batch"])]
             parts = {keys[0]: mine}
@@ -273,6 +296,9 @@ def analyse(phases: list[dict], steps: dict[str, list[dict]]) -> list[dict]:
     for key, ss in groups.items():
         kind, variant, b = key
         d = {"kind": kind, "variant": variant, "batch": b, **summarize(ss)}
+        if cpu.get(key):
+            d["client_thread_cpu_ms_per_phase"] = cpu[key]
+            d["client_thread_cpu_ms"] = round(sum(cpu[key]) / len(cpu[key]), 4)
         if key in tps:
             d["tokens_per_s"] = [round(x, 1) for x in tps[key]]
             acc = [c for c in spec[key] if c["drafts"]]
