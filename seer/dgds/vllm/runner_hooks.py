@@ -8,6 +8,8 @@ rows got no draft costs what a step without speculation costs (docs/dgds.md, "St
   ``speculative_config is not None``), so its rejection sampler ran on steps with no draft at all,
   about a millisecond per step on one CPU core. With no draft in the step, the bonus token is all
   there is to sample, which is what vLLM's plain sampler does; the step samples with it instead.
+* ``plain_inputs_without_drafts``: and such a step's inputs are prepared without the speculative
+  metadata (a per-row loop and its tensors, up to 0.75 ms at 32 rows here).
 
 Both wrap instance attributes of the one runner (idempotent), never vLLM's classes.
 """
@@ -20,9 +22,39 @@ DRAFTS_ATTR = "seer_draft_token_ids"  # read by seer.dgds.vllm.executor.DgdsExec
 
 
 def install(runner: Any) -> None:
-    """Both hooks on ``runner`` (a vLLM v1 GPU/CPU model runner)."""
+    """The hooks on ``runner`` (a vLLM v1 GPU/CPU model runner)."""
     attach_drafts(runner)
     plain_sampling_without_drafts(runner)
+    plain_inputs_without_drafts(runner)
+
+
+def plain_inputs_without_drafts(runner: Any) -> None:
+    """Wrap ``runner._prepare_inputs``: a step with no draft scheduled prepares its inputs as a
+    non-speculating runner does (no speculative metadata, one logits row per request), by hiding
+    the speculative config for that call only (``_prepare_inputs`` reads it once, to choose).
+
+    Not for models with recurrent state (hybrid or attention-free): vLLM keeps zero-draft decode
+    rows on the speculative path there on purpose (their state offset), so those keep vLLM's way.
+    """
+    if getattr(runner, "_seer_plain_inputs", False):
+        return
+    mc = getattr(runner, "model_config", None)
+    if mc is None or getattr(mc, "is_hybrid", False) or getattr(mc, "is_attention_free", False):
+        return
+    prepare = runner._prepare_inputs
+
+    def _prepare_inputs(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if scheduler_output.scheduled_spec_decode_tokens or runner.speculative_config is None:
+            return prepare(scheduler_output, *args, **kwargs)
+        spec = runner.speculative_config
+        runner.speculative_config = None
+        try:
+            return prepare(scheduler_output, *args, **kwargs)
+        finally:
+            runner.speculative_config = spec
+
+    runner._prepare_inputs = _prepare_inputs
+    runner._seer_plain_inputs = True
 
 
 def attach_drafts(runner: Any) -> None:
