@@ -41,7 +41,7 @@ from pathlib import Path
 
 from seer.config_help import field_comments
 from seer.rollout.divided import stats_from_result
-from seer.dgds.vllm import speculative_config
+from seer.dgds.vllm import EXECUTOR_ARGS, speculative_config
 from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams, SpecDecodeCounters
 from seer.kvpool import KVPool
 from seer.kvpool.config import KVPoolConfig
@@ -209,7 +209,7 @@ def run(s: CompareSettings, progress=print) -> dict:
                       ] if want_pooled else []
         spec_flag = speculative_config(s.spec_tokens)
         sd_specs = [pooled(x) for x in instance_specs(
-            s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag),
+            s, model_dir, cores, prefix="sd-inst", extra_args=("--speculative-config", spec_flag, *EXECUTOR_ARGS),
             env={"SEER_DGDS_ADDRESS": dgds.address}, priority=prio)] if want_sd else []
         return _run_on_instances(s, configs, prompts, hidden, out, plain_specs, pool_specs, sd_specs, progress)
     finally:

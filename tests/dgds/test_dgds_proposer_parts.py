@@ -116,7 +116,7 @@ def test_policy_drafts_long_when_drafts_are_accepted_and_steps_are_cheap():
     pol = AdaptiveDraftLength(gamma_max=8, warmup_drafts=10)
     for i in range(200):
         pol.record_step(1 + i % 50, 0.02)  # step time independent of tokens: verifying is free
-        pol.record_verified(8, 7)
+        pol.record_verified(8, 8)  # every drafted position accepted
     plan = pol.lengths(2, 6)
     assert plan.high == 8 and plan.low >= 6
 

@@ -19,10 +19,12 @@ StepTime = Callable[[int, int], float]  # (batch size B, draft length g) -> seco
 
 @dataclass(frozen=True)
 class DraftLengths:
-    """Draft tokens per request for each priority class (0: no speculation)."""
+    """Draft tokens per request for each priority class (0: no speculation); ``max_rows`` caps
+    how many rows get them (an exploration step drafts for one row, not the whole batch)."""
 
     high: int
     low: int
+    max_rows: int | None = None
 
 
 def tokens_per_step(accept_rate: float, draft_len: int) -> float:
@@ -97,6 +99,48 @@ def allocate_draft_lengths(
             used += n_low
         else:
             return DraftLengths(g_high, g_low)
+
+
+def expected_tokens(beta: Sequence[float], draft_len: int) -> float:
+    """Tokens a row emits per step with ``draft_len`` drafted: 1 + beta[1] + ... + beta[g]
+    (beta[i] = P(position i accepted), the bonus token included)."""
+    return 1.0 + sum(beta[i] if i < len(beta) else 0.0 for i in range(1, draft_len + 1))
+
+
+def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime, gamma_max: int) -> int:
+    """The g in 0..gamma_max that maximises a batch's tokens per second, B x E(g) / step_time(B, g),
+    from the measured acceptance profile and step costs (the draft time included); the shorter on ties.
+
+    0 unless some g emits tokens faster than not speculating, so drafting never runs where it
+    cannot pay. For step costs fixed + B x c(g) with c(g) / E(g) >= c(0) (a verified token costs at
+    least a plain row's token), the result never increases with B (docs/dgds.md has the argument).
+    """
+    if batch <= 0:
+        return 0
+    best_g, best_rate = 0, batch / step_time(batch, 0)
+    for g in range(1, gamma_max + 1):
+        rate = batch * expected_tokens(beta, g) / step_time(batch, g)
+        if rate > best_rate * (1.0 + 1e-12):
+            best_g, best_rate = g, rate
+    return best_g
+
+
+def plan_measured(
+    n_high: int,
+    n_low: int,
+    beta: Sequence[float],
+    step_time: StepTime,
+    gamma_max: int = 8,
+    lam: float = 2.0,
+) -> DraftLengths:
+    """Algorithm 1 on measured costs: budget = g* x B with g* from ``best_measured_length``, shared
+    between the classes by ``allocate_draft_lengths`` (the same verified tokens, so the same step
+    cost, moved to the rows whose next position is likelier accepted, probes first)."""
+    batch = n_high + n_low
+    g_star = best_measured_length(beta, batch, step_time, gamma_max)
+    if g_star == 0:
+        return DraftLengths(0, 0)
+    return allocate_draft_lengths(n_high, n_low, beta, g_star * batch, gamma_max, lam)
 
 
 def plan_draft_lengths(

@@ -131,16 +131,22 @@ class DraftClient:
         max_message_bytes: int = 64 * 1024 * 1024,
         default_ttl_s: float = 600.0,
         token: str | None = None,
+        fetch_idle_s: float = 2.0,
     ):
         """``update_batch_tokens``: a request's tokens are sent once this many are unsent (or after
         ``flush_interval_s``, or on finish_request/flush). ``fetch_interval_s``: period of the
-        incremental fetch of all registered groups. ``token``: the server's secret (default: the
-        ``SEER_DGDS_TOKEN`` environment variable; none if unset)."""
+        incremental fetch of the registered groups that are in use here: a group with a request of
+        this instance still running, or appended to or registered in the last ``fetch_idle_s``
+        (a finished group's replica is brought up to date from its cursor when it is used again,
+        so the fetch of a rollout's finished groups stops costing the engine's core).
+        ``token``: the server's secret (default: the ``SEER_DGDS_TOKEN`` environment variable;
+        none if unset)."""
         if update_batch_tokens < 1:
             raise ValueError("update_batch_tokens must be >= 1")
         self.address = address
         self.update_batch_tokens = update_batch_tokens
         self.fetch_interval_s = fetch_interval_s
+        self.fetch_idle_s = fetch_idle_s
         self.flush_interval_s = flush_interval_s
         self.rpc_timeout_s = rpc_timeout_s
         self.max_fetch_tokens = max_fetch_tokens
@@ -199,11 +205,14 @@ class DraftClient:
         self._wake.set()
 
     def append_many(self, rows: Iterable[tuple[str, str, Sequence[int]]]) -> None:
-        """``append`` for many (group_id, request_id, tokens) rows (one decode step of a batch)."""
+        """``append`` for many (group_id, request_id, tokens) rows (one decode step of a batch).
+
+        Does not wake the client's thread: an engine step calls this every step, and a thread
+        cycle per step, on the engine's core, cost more than the tokens; they are applied and sent
+        at its next ``fetch_interval_s`` tick (``sync``/``flush`` still force a cycle)."""
         for group_id, request_id, tokens in rows:
             if len(tokens):
                 self._inbox.append(("append", group_id, request_id, _ints(tokens), 0.0))
-        self._wake.set()
 
     def finish_request(self, group_id: str, request_id: str) -> None:
         """The request is done: send its last tokens without waiting for a full batch."""
@@ -500,6 +509,7 @@ class DraftClient:
         app_group, app_prev, app_len = [], [], []
         tokens = u32()
         fetches: list[tuple[str, GroupReplica]] = []
+        now = time.monotonic()
         with self._lock:
             for gid, g in self._groups.items():
                 if not g.registered or g.replica is None:
@@ -513,7 +523,8 @@ class DraftClient:
                         app_prev.append(own.acked)
                         app_len.append(unsent)
                         tokens.extend(seq[own.acked:])
-                if fetch:
+                if fetch and (now - g.touched <= self.fetch_idle_s
+                              or any(not o.finished for o in g.own.values())):
                     fetches.append((gid, g.replica))
         sent = list(zip(app_group, rids))
         ok = True

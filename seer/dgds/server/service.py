@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seer.dgds.server.config import TOKEN_ENV, DGDSConfig
-from seer.dgds.vllm import speculative_config
+from seer.dgds.vllm import EXECUTOR_ARGS, speculative_config
 from seer.types import LaunchSpec
 from seer.procs import free_port
 from seer.procs import GuardedProcess
@@ -109,7 +109,9 @@ class DGDSService:
         env = {"SEER_DGDS_ADDRESS": self.address, "SEER_DGDS_MODE": c.mode, "SEER_DGDS_ADAPTIVE": "1" if c.adaptive else "0"}
         if self._token:
             env[TOKEN_ENV] = self._token
-        return replace(spec, extra_args=(*spec.extra_args, "--speculative-config", flag), env={**env, **spec.env})
+        # EXECUTOR_ARGS: the drafts ride on the step's output instead of a per-step RPC (docs/dgds.md)
+        return replace(spec, extra_args=(*spec.extra_args, "--speculative-config", flag, *EXECUTOR_ARGS),
+                       env={**env, **spec.env})
 
     def close(self) -> None:
         if self.process is not None:

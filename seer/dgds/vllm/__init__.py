@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 
 PROPOSER = "seer.dgds.vllm.proposer.DgdsProposer"  # the class vLLM's speculative config names
+# Optional second flag: the drafts travel with the step's output instead of a per-step RPC
+# (seer.dgds.vllm.executor; vLLM's multiprocessing executor otherwise, CPU or one-node GPU).
+EXECUTOR = "seer.dgds.vllm.executor.DgdsExecutor"
+EXECUTOR_ARGS = ("--distributed-executor-backend", EXECUTOR)
 
 
 def speculative_config(num_speculative_tokens: int) -> str:

@@ -28,6 +28,7 @@ step is logged once and answered with empty drafts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -67,7 +68,9 @@ class ProposerStats:
     rows_drafted: int
     draft_tokens: int
     verified_drafts: int
+    verified_draft_tokens: int
     accepted_tokens: int
+    zero_draft_steps: int  # steps the policy gave no row a draft (nothing drafted, nothing looked up)
     active_requests: int
 
 
@@ -111,8 +114,12 @@ class DgdsProposer:
         self._rows: dict[str, _RowState] = {}
         self._last_step_end: float | None = None
         self._last_step_tokens = 0
+        self._last_step_drafted = 0
         self._failed_once = False
-        self._counts = dict(steps=0, rows_drafted=0, draft_tokens=0, verified_drafts=0, accepted_tokens=0)
+        self._counts = dict(steps=0, rows_drafted=0, draft_tokens=0, verified_drafts=0, verified_draft_tokens=0,
+                            accepted_tokens=0, zero_draft_steps=0)
+        self._stats_path = os.environ.get("SEER_DGDS_STATS_FILE") or None
+        self._length_counts: dict[str, int] = {}  # "high,low[,rows]" -> steps (with the stats file)
         self._last_log = time.monotonic()
         log.warning(
             "Seer DGDS proposer: mode=%s dgds=%s%s gamma_max=%d adaptive=%s",
@@ -125,11 +132,24 @@ class DgdsProposer:
         """No draft model to load; vLLM's CPU and GPU runners call this with the target model,
         from inside the runner, which is where the proposer learns which runner it serves."""
         if self._runner is None:
-            self._runner = _calling_runner(self)
+            self._set_runner(_calling_runner(self))
 
     def bind_runner(self, runner: Any) -> None:
         """Explicit binding (``seer.dgds.vllm.worker``): the runner whose ``input_batch`` row i is."""
+        self._set_runner(runner)
+
+    def _set_runner(self, runner: Any) -> None:
+        """The runner, with ``seer.dgds.vllm.runner_hooks`` installed: its outputs carry the drafts
+        (no per-step RPC under ``seer.dgds.vllm.executor``), and a step without drafts skips
+        vLLM's rejection sampler."""
         self._runner = runner
+        if runner is not None and hasattr(runner, "sample_tokens") and hasattr(runner, "take_draft_token_ids"):
+            try:
+                from seer.dgds.vllm import runner_hooks
+
+                runner_hooks.install(runner)
+            except Exception:  # another vLLM layout: vLLM's own path, as without them
+                log.exception("could not install Seer's zero-draft step hooks on the model runner")
 
     def propose(
         self,
@@ -155,7 +175,7 @@ class DgdsProposer:
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         now = time.perf_counter()
         if self._runner is None:
-            self._runner = _calling_runner(self)
+            self._set_runner(_calling_runner(self))
             if self._runner is None:
                 raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm.worker...")
         batch = self._runner.input_batch
@@ -177,6 +197,7 @@ class DgdsProposer:
                 accepted = max(0, min(len(sampled) - 1, st.last_draft)) if sampled else 0
                 self.policy.record_verified(st.last_draft, accepted)
                 self._counts["verified_drafts"] += 1
+                self._counts["verified_draft_tokens"] += st.last_draft
                 self._counts["accepted_tokens"] += accepted
                 st.last_draft = 0
             if not sampled:  # a partial prefill: nothing sampled, nothing to draft
@@ -199,16 +220,42 @@ class DgdsProposer:
         # looked nearly free and Algorithm 1 drafted long at low acceptance (docs/dgds.md,
         # "Speculation on one CPU core", has the figures).
         if self._last_step_end is not None and self._last_step_tokens and not prefilled:
-            self.policy.record_step(self._last_step_tokens, now - self._last_step_end)
+            self.policy.record_step(self._last_step_tokens, now - self._last_step_end, self._last_step_drafted)
         if appends:
             self.client.append_many(appends)
         for rid in [r for r in self._rows if r not in seen]:
             self._finish(rid)
 
         lengths = self._lengths(ready)
+        verified = len(sampled_token_ids)
+        drafted = 0
+        if lengths.high > 0 or lengths.low > 0:
+            drafted = self._draft(ready, lengths, req_ids, token_ids_cpu, sampled_token_ids, out)
+        else:  # nothing to look up for any row: the step costs what a plain step costs, plus the appends
+            self._counts["zero_draft_steps"] += 1
+        verified += drafted
+        self._counts["steps"] += 1
+        self._last_step_tokens = verified
+        self._last_step_drafted = drafted
+        if self._stats_path:
+            self._write_stats()
+        self._last_step_end = time.perf_counter()
+        self._maybe_log()
+        return out
+
+    def _draft(self, ready, lengths: DraftLengths, req_ids, token_ids_cpu, sampled_token_ids,
+               out: list[list[int]]) -> int:
+        """Drafts for the rows the plan gives a length (probes first when it caps the rows); one
+        batched lookup in the local replicas. Returns the tokens drafted."""
+        s = self.settings
         rows: list[SpeculateRow] = []
         row_index: list[int] = []
-        for i, st, n in ready:
+        order = ready
+        if lengths.max_rows is not None:
+            order = [r for r in ready if r[1].ref.probe] + [r for r in ready if not r[1].ref.probe]
+        for i, st, n in order:
+            if lengths.max_rows is not None and len(rows) >= lengths.max_rows:
+                break
             g = lengths.high if st.ref.probe else lengths.low
             g = min(g, s.gamma_max, self.max_model_len - n - 1)
             if g <= 0:
@@ -220,28 +267,40 @@ class DgdsProposer:
                             pattern_lookup_max=s.pattern_lookup_max, min_token_prob=s.min_token_prob),
             ))
             row_index.append(i)
+        if not rows:
+            return 0
         t0 = time.perf_counter()
-        drafts = self.client.batch_speculate(rows) if rows else []
+        drafts = self.client.batch_speculate(rows)
         self.policy.record_draft(len(rows), time.perf_counter() - t0)
-        verified = len(sampled_token_ids)
         if _DEBUG:
             for i, row, d in zip(row_index, rows, drafts):
                 _DEBUG.write(f"{row.request_id} sampled={list(sampled_token_ids[i])} ctx={_ints_tail(row.context)} "
                              f"draft={list(d.tokens)} max={row.params.max_spec_tokens}\n")
             _DEBUG.flush()
+        drafted = 0
         for i, row, d in zip(row_index, rows, drafts):
             toks = list(d.tokens)
             if toks:
                 out[i] = toks
                 self._rows[row.request_id].last_draft = len(toks)
-                verified += len(toks)
+                drafted += len(toks)
                 self._counts["rows_drafted"] += 1
                 self._counts["draft_tokens"] += len(toks)
-        self._counts["steps"] += 1
-        self._last_step_tokens = verified
-        self._last_step_end = time.perf_counter()
-        self._maybe_log()
-        return out
+        return drafted
+
+    def _write_stats(self) -> None:
+        """``SEER_DGDS_STATS_FILE``: this proposer's counters and its cost fit, rewritten after every
+        step (tests and benchmarks compare them with vLLM's counters)."""
+        m = self.policy.cost.model()
+        d = dict(self._counts, active_requests=len(self._rows),
+                 beta=[round(b, 4) for b in self.policy.acceptance.beta],
+                 step_model=dict(fixed=m.fixed, per_token=m.per_token, spec_fixed=m.spec_fixed,
+                                 per_draft_token=m.per_draft_token, per_drafted_row=m.per_drafted_row),
+                 lengths=self._length_counts)
+        tmp = f"{self._stats_path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(d, f)
+        os.replace(tmp, self._stats_path)
 
     def _start(self, engine_request_id: str) -> _RowState:
         ref = parse_request_id(engine_request_id, per_request=self.settings.per_request,
@@ -257,10 +316,16 @@ class DgdsProposer:
 
     def _lengths(self, ready: list[tuple[int, _RowState, int]]) -> DraftLengths:
         g = self.settings.gamma_max
+        if not ready:
+            return DraftLengths(0, 0)
         if not self.settings.adaptive:
             return DraftLengths(g, g)
         n_high = sum(1 for _, st, _ in ready if st.ref.probe)
-        return self.policy.lengths(n_high, len(ready) - n_high)
+        plan = self.policy.lengths(n_high, len(ready) - n_high)
+        if self._stats_path:
+            key = f"{plan.high},{plan.low}" + ("" if plan.max_rows is None else f",{plan.max_rows}")
+            self._length_counts[key] = self._length_counts.get(key, 0) + 1
+        return plan
 
     # ---- observability ------------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ From the environment (defaults in brackets):
   ``SEER_DGDS_TTL_S``          a group is dropped this long after its last append [600]
   ``SEER_DGDS_PROMPT``         1: the task prompt is a sequence of the tree too [1]
   ``SEER_DGDS_DEBUG_LOG``      a file path: one line per drafted row (ids, sampled, draft) [unset]
+  ``SEER_DGDS_STATS_FILE``     a file path: the proposer's counters, step-cost fit, beta and chosen
+                               plans as JSON, rewritten after every step (tests, benchmarks) [unset]
 """
 
 from __future__ import annotations
