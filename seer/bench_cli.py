@@ -23,6 +23,7 @@ COMMANDS = {
     "dgds-hotpath": ("bench.dgds_hotpath", "suffix-tree append and drafting cost per core"),
     "dgds-e2e": ("bench.dgds_e2e", "grouped speculative decoding end to end on real instances (long)"),
     "dgds-load": ("bench.dgds_load", "the draft server under many simulated instances"),
+    "spec-breakdown": ("bench.spec_breakdown", "per engine step of a speculating instance: forward, proposer, sampler (long)"),
     "dgds-sampling-check": ("bench.dgds_sampling_check", "speculative sampling against the target distribution"),
     "kvpool-prefill": ("bench.kvpool_prefill", "prefix loads from the Mooncake pool vs re-prefill"),
     "task-lengths": ("bench.task_lengths", "response lengths of the built-in task"),
