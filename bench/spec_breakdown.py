@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollout", action="store_true", help="add a long-tail rollout phase per instance")
     ap.add_argument("--executor", choices=("vllm", "dgds"), default="vllm",
                     help="the spec instance's executor: vLLM's, or seer.dgds.vllm.executor (drafts without an RPC)")
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--out", default="bench/results/spec_breakdown")
-    ap.add_argument("--name", default="spec_breakdown")
+    ap.add_argument("--seed", type=int, default=5, help="sampling seed of the prompts and requests")
+    ap.add_argument("--out", default="bench/results/spec_breakdown", help="where the JSON, table and per-step logs go")
+    ap.add_argument("--name", default="spec_breakdown", help="file name of the JSON and table")
     ap.add_argument("--render", action="store_true",
                     help="re-analyse a recorded run (its JSON and the per-step logs under --out/logs) without running")
     args = ap.parse_args(argv)
