@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from seer.tasks.env import Environment, StepResult, Turn
-from seer.tasks.running_sum import MEAN_DIGIT, Problem
+from seer.tasks.running_sum import MEAN_DIGIT, Problem, lognormal_count
 
 PROMPT_TEMPLATE = "Count down with the calculator.\nstart={total}\n"
 CALL_END = "</calc>"
@@ -55,10 +55,9 @@ class CalcTaskConfig:
 def generate_problems(cfg: CalcTaskConfig) -> list[Problem]:
     """Deterministic in cfg."""
     rng = random.Random(f"calculator:{cfg.seed}")
-    mu = math.log(cfg.median_turns)
     out = []
     for _ in range(cfg.num_prompts):
-        turns = min(max(round(math.exp(rng.gauss(mu, cfg.sigma))), cfg.min_turns), cfg.max_turns)
+        turns = lognormal_count(rng, cfg.median_turns, cfg.sigma, cfg.min_turns, cfg.max_turns)
         total = max(1, round(turns * MEAN_DIGIT) + rng.randint(-2, 2))
         out.append(Problem(PROMPT_TEMPLATE.format(total=f"{total:0{cfg.width}d}"),
                            {"total": total, "steps": turns, "width": cfg.width}))

@@ -62,14 +62,17 @@ class Problem:
     reference: dict  # {"total": int, "steps": int, "width": int}
 
 
+def lognormal_count(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    """A heavy-tailed count: round(lognormal(log median, sigma)), clipped to [lo, hi] (one draw)."""
+    return min(max(round(math.exp(rng.gauss(math.log(median), sigma))), lo), hi)
+
+
 def generate_problems(cfg: RunningSumConfig) -> list[Problem]:
     """Deterministic in cfg: the same config always yields the same problems."""
     rng = random.Random(f"running_sum:{cfg.seed}")
-    mu = math.log(cfg.median_steps)
     problems = []
     for _ in range(cfg.num_prompts):
-        steps = round(math.exp(rng.gauss(mu, cfg.sigma)))
-        steps = min(max(steps, cfg.min_steps), cfg.max_steps)
+        steps = lognormal_count(rng, cfg.median_steps, cfg.sigma, cfg.min_steps, cfg.max_steps)
         total = round(steps * MEAN_DIGIT) + rng.randint(0, 4)
         problems.append(
             Problem(

@@ -161,10 +161,10 @@ class DraftClient:
             ],
         )
         self._stub = pb_grpc.DraftServerStub(self._channel)
-        self._metadata = auth_metadata(token if token is not None else os.environ.get(TOKEN_ENV))
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._metadata = auth_metadata(self._token)
         self._stream: _Stream | None = None
         self._max_message_bytes = max_message_bytes
-        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
         self._lane_port = 0  # the server's sync lane (RegisterGroupResponse), 0: use the gRPC stream
         self._lane: LaneClient | None = None
         self._lane_unreachable = 0  # a lane port that could not be reached: not tried again
@@ -466,7 +466,7 @@ class DraftClient:
                     ok = False
                 else:
                     self._registered(gid, resp)
-        for gid, ttl, resume in todo if not self._batch_register else ():
+        for gid, ttl, resume in todo:  # (what is left: only with a server that lacks RegisterGroups)
             req = pb.RegisterGroupRequest(group_id=gid, ttl_seconds=ttl, resume=resume)
             resp, err = self._call(self._stub.RegisterGroup, req)
             if err is not None:

@@ -1741,7 +1741,7 @@ static unsigned char *bytes_put(unsigned char *p, int field, const void *src, Py
     return p + n;
 }
 
-static PyObject *s_apply, *s_expires_at, *s_ttl, *s_max_tokens_per_group, *s_max_updates, *s_max_tokens_per_update,
+static PyObject *s_apply, *s_max_tokens_per_group, *s_max_updates, *s_max_tokens_per_update,
     *s_max_id_len, *s_max_fetch_tokens;
 
 static int limit_of(PyObject *limits, PyObject *name, int64_t *out) {
@@ -1777,10 +1777,7 @@ static void list_trim(Seq *s, Py_ssize_t keep) {
 }
 
 /* A group's lease renewed by an append (GroupState keeps it in its tree: no Python call). */
-static inline int renew(Tree *t, double now) {
-    t->expires_at = now + t->ttl;
-    return 0;
-}
+static inline void renew(Tree *t, double now) { t->expires_at = now + t->ttl; }
 
 /* A connection's last group lookup (sync_packed's `cache`): a client names the same groups in
  * message after message, so while the store's membership epoch is unchanged and the message's ids
@@ -1790,16 +1787,20 @@ static inline int renew(Tree *t, double now) {
 #define GROUP_CACHE "seer.dgds.group_cache"
 typedef struct {
     uint64_t epoch;
-    Py_ssize_t ng, nbytes;
+    Py_ssize_t ng;
     unsigned char *ids; /* each id as its length (4 bytes, native) then its bytes */
     PyObject **keys, **entry; /* ng of each (entry: NULL for a group the store did not have) */
 } GroupCache;
 
-static void group_cache_free(PyObject *cap) {
-    GroupCache *c = PyCapsule_GetPointer(cap, GROUP_CACHE);
-    if (c == NULL) return;
+/* c's references (its first c->ng keys and entries) and memory */
+static void group_cache_release(GroupCache *c) {
     for (Py_ssize_t i = 0; i < c->ng; i++) Py_XDECREF(c->keys[i]), Py_XDECREF(c->entry[i]);
     PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+}
+
+static void group_cache_free(PyObject *cap) {
+    GroupCache *c = PyCapsule_GetPointer(cap, GROUP_CACHE);
+    if (c != NULL) group_cache_release(c);
 }
 
 static int group_cache_hit(const GroupCache *c, uint64_t epoch, const Str *gids, Py_ssize_t ng) {
@@ -1825,7 +1826,7 @@ static int group_cache_store(PyObject *holder, uint64_t epoch, const Str *gids, 
     c->keys = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
     c->entry = PyMem_Calloc((size_t)ng + 1, sizeof(PyObject *));
     if (c->ids == NULL || c->keys == NULL || c->entry == NULL) {
-        PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+        group_cache_release(c); /* (ng is still 0: no references yet) */
         return PyErr_NoMemory(), -1;
     }
     unsigned char *p = c->ids;
@@ -1837,11 +1838,10 @@ static int group_cache_store(PyObject *holder, uint64_t epoch, const Str *gids, 
         c->keys[i] = Py_NewRef(keys[i]);
         c->entry[i] = Py_XNewRef(entry[i]);
     }
-    c->epoch = epoch, c->ng = ng, c->nbytes = nbytes;
+    c->epoch = epoch, c->ng = ng;
     PyObject *cap = PyCapsule_New(c, GROUP_CACHE, group_cache_free);
     if (cap == NULL) {
-        for (Py_ssize_t i = 0; i < ng; i++) Py_XDECREF(c->keys[i]), Py_XDECREF(c->entry[i]);
-        PyMem_Free(c->ids), PyMem_Free(c->keys), PyMem_Free(c->entry), PyMem_Free(c);
+        group_cache_release(c);
         return -1;
     }
     return PyList_SetItem(holder, 0, cap); /* (steals cap; the old cache is freed) */
@@ -2081,7 +2081,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (simple) {
         Py_ssize_t nj = 0, off = 0;
         for (Py_ssize_t k = 0; k < n; k++) /* every known group's lease is renewed by its appends */
-            if (entry[ag->v[k]] != NULL && renew(gtree[ag->v[k]], now) < 0) goto done;
+            if (entry[ag->v[k]] != NULL) renew(gtree[ag->v[k]], now);
         for (Py_ssize_t k = 0; k < n; k++) {
             Py_ssize_t m = (Py_ssize_t)al->v[k];
             if (asid[k] < 0) {
@@ -2118,7 +2118,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
                 off += m;
                 continue;
             }
-            if (renew(gtree[ag->v[k]], now) < 0) goto done;
+            renew(gtree[ag->v[k]], now);
             Tree *t = gtree[ag->v[k]];
             PyObject *idx = PyDict_GetItemWithError(PyTuple_GET_ITEM(e, 2), rkeys[k]), *pending = PyTuple_GET_ITEM(e, 3);
             if (idx == NULL && PyErr_Occurred()) goto done;
@@ -2375,8 +2375,7 @@ PyMODINIT_FUNC PyInit__suffix_core(void) {
         !(s_lmin = PyUnicode_InternFromString("pattern_lookup_min")) ||
         !(s_lmax = PyUnicode_InternFromString("pattern_lookup_max")) ||
         !(s_topk = PyUnicode_InternFromString("top_k")) || !(s_floor = PyUnicode_InternFromString("min_token_prob")) ||
-        !(s_apply = PyUnicode_InternFromString("apply")) || !(s_expires_at = PyUnicode_InternFromString("expires_at")) ||
-        !(s_ttl = PyUnicode_InternFromString("ttl")) ||
+        !(s_apply = PyUnicode_InternFromString("apply")) ||
         !(s_max_tokens_per_group = PyUnicode_InternFromString("max_tokens_per_group")) ||
         !(s_max_updates = PyUnicode_InternFromString("max_updates_per_call")) ||
         !(s_max_tokens_per_update = PyUnicode_InternFromString("max_tokens_per_update")) ||
