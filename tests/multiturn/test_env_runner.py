@@ -4,7 +4,6 @@ without stalling the others; a raising one is counted (and ends the trajectory w
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -20,22 +19,21 @@ def turn(k: int) -> Turn:
 
 @pytest.mark.timeout(120)
 def test_a_hanging_step_times_out_into_an_error_observation_and_the_others_go_on():
-    runner = EnvRunner("tests.multiturn.envs_for_tests:HangingEnv", EnvConfig(timeout_s=1.5, workers=3))
+    runner = EnvRunner("tests.multiturn.envs_for_tests:HangingEnv", EnvConfig(timeout_s=5.0, workers=3))
 
     async def go():
         for k in ("a", "b", "c"):
             await runner.start(k, "p", {"hang": k == "a"})
-        t0 = time.monotonic()
         hung = asyncio.ensure_future(runner.step("a", turn(1)))
         fast = [await runner.step(k, turn(1)) for k in ("b", "c")]
-        fast_s = time.monotonic() - t0
-        return await hung, fast, fast_s, await runner.step("a", turn(2))
+        hung_first = hung.done()  # (it can only end by its timeout)
+        return await hung, fast, hung_first, await runner.step("a", turn(2))
 
     try:
-        hung, fast, fast_s, after = asyncio.run(go())
+        hung, fast, hung_first, after = asyncio.run(go())
     finally:
         runner.close()
-    assert fast_s < 1.0, fast_s  # not stuck behind the hung call
+    assert not hung_first  # the others were answered while it hung: not stuck behind the hung call
     assert all(r.error is None and r.observation == Observation(token_ids=(61, 61, 10)) for r in fast)
     assert hung.error.startswith("TimeoutError") and not hung.done and "error" in hung.observation.text
     assert after.error is None and not after.done  # the environment goes on from its state before the hung step
