@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.proc_cpu import ProcCpu
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "cluster_compare"
 # Every continuation chunk changes instance (MoveEveryChunk), so on two nodes every one loads its
@@ -35,14 +37,23 @@ WORKLOAD = {"model.preset": "tiny", "task.num_prompts": 16, "rollout.groups_per_
             "kvpool.capacity_bytes": 64 * 2**20, "trainer.lr": 1e-4}
 
 
-def run_job(run_dir: Path, sets: dict, env: dict, iterations: int, log) -> dict:
+def run_job(run_dir: Path, sets: dict, env: dict, iterations: int, log, roots: list[int]) -> dict:
+    """One seer-run; `roots` (the cluster's node processes) and seer-run itself are watched for CPU."""
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", str(iterations), "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"seer-run failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    with open(run_dir.with_suffix(".out"), "w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        cpu = ProcCpu([proc.pid, *roots]).start()
+        try:
+            rc = proc.wait(timeout=1800)
+        finally:
+            cpu.stop()
+        if rc != 0:
+            out.seek(0)
+            raise RuntimeError(f"seer-run failed ({rc}):\n{out.read()[-6000:]}")
+    windows = rollout_windows(run_dir)
     text = (run_dir / "run.log").read_text()
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ray = re.search(r"a one-node Ray on \S+ in ([\d.]+) s", text)
@@ -57,10 +68,25 @@ def run_job(run_dir: Path, sets: dict, env: dict, iterations: int, log) -> dict:
         "chunks_migrated": [r.get("chunks_migrated") for r in recs],
         "migrated_prefix_tokens_cached": [r.get("migrated_prefix_tokens_cached") for r in recs],
         "reward_mean": [r.get("reward_mean") for r in recs],
+        "output_tokens": [round(r["tokens_per_s"] * r["wall_s"]) for r in recs],
+        # CPU seconds each kind of process spent inside the rollout phases, by the cores it may use
+        "rollout_cpu_s": cpu.window_cpu(windows),
+        "rollout_phase_s": sum(b - a for a, b in windows),
     }
     log(f"  {'+'.join(nodes)}: {result['tokens_per_s_per_instance']} tok/s per instance, "
         f"sync {result['weight_sync_s']} s, wall {result['wall_s']} s")
     return result
+
+
+def rollout_windows(run_dir: Path) -> list[tuple[float, float]]:
+    """Each iteration's rollout phase on the host's monotonic clock, from the run's trace files."""
+    out = []
+    for path in sorted(run_dir.rglob("*.trace.json")):
+        trace = json.loads(path.read_text())
+        t0 = trace["otherData"]["t0_monotonic_s"]
+        out += [(t0 + ev["ts"] / 1e6, t0 + (ev["ts"] + ev["dur"]) / 1e6) for ev in trace["traceEvents"]
+                if ev.get("ph") == "X" and ev.get("cat") == "phase" and ev["name"] == "rollout"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             order = [("one_node", WORKLOAD), ("two_nodes", two)]
             for name, sets in (order if k % 2 == 0 else order[::-1]):
                 print(f"repeat {k + 1}/{args.repeats}: {name}", flush=True)
-                runs[name].append(run_job(tmp / f"{name}-{k}", sets, cluster.env() if name == "two_nodes" else env,
-                                          args.iterations, lambda m: print(m, flush=True)))
+                two_nodes = name == "two_nodes"
+                runs[name].append(run_job(tmp / f"{name}-{k}", sets, cluster.env() if two_nodes else env,
+                                          args.iterations, lambda m: print(m, flush=True),
+                                          [n.proc.pid for n in cluster.nodes] if two_nodes else []))
     finally:
         cluster.stop()
     result = summarize(runs, args, time.monotonic() - t0)
@@ -110,7 +138,26 @@ def summarize(runs: dict, args, elapsed_s: float) -> dict:
         "per_instance_throughput_ratio": ratios,
         "per_instance_throughput_ratio_mean": statistics.mean(ratios),
         "node_loss": json.loads(loss.read_text()) if loss.exists() else None,
+        "rollout_cpu": {name: cpu_attribution(rs) for name, rs in runs.items()},
     }
+
+
+def cpu_attribution(runs: list[dict]) -> dict:
+    """Where the rollout phases' CPU went, over all runs of one placement: cores in use per kind
+    (CPU s / rollout s), per core set, and the engines' CPU per output token."""
+    phase_s = sum(r["rollout_phase_s"] for r in runs) or float("nan")
+    by_kind: dict[str, float] = {}
+    by_core: dict[str, dict[str, float]] = {}
+    for r in runs:
+        for kind, cores in r["rollout_cpu_s"].items():
+            for c, sec in cores.items():
+                by_kind[kind] = by_kind.get(kind, 0.0) + sec / phase_s
+                by_core.setdefault(c, {}).setdefault(kind, 0.0)
+                by_core[c][kind] += sec / phase_s
+    tokens = sum(sum(r["output_tokens"]) for r in runs)
+    engine = sum(sec for r in runs for sec in r["rollout_cpu_s"].get("vllm engine", {}).values())
+    return {"cores_in_use": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "by_core_set": by_core,
+            "engine_cpu_us_per_token": 1e6 * engine / tokens if tokens else None, "rollout_phase_s": phase_s}
 
 
 def markdown(r: dict) -> str:
@@ -131,6 +178,19 @@ def markdown(r: dict) -> str:
     lines += ["", "Per-instance throughput, two nodes / one node, per paired repeat: "
               + ", ".join(f"{x:.3f}" for x in r["per_instance_throughput_ratio"])
               + f" (mean {r['per_instance_throughput_ratio_mean']:.3f})."]
+    if att := r.get("rollout_cpu"):
+        one, two = att["one_node"], att["two_nodes"]
+        kinds = list(dict.fromkeys([*one["cores_in_use"], *two["cores_in_use"]]))
+        lines += ["", "Where the rollout phases' CPU went (cores in use: CPU s of each kind of process / rollout s, "
+                  "all runs of a placement; bench/proc_cpu.py):", "",
+                  "| process | one node | two nodes |", "|---|---|---|"]
+        lines += [f"| {k} | {one['cores_in_use'].get(k, 0):.3f} | {two['cores_in_use'].get(k, 0):.3f} |" for k in kinds]
+        lines += [f"| all | {sum(one['cores_in_use'].values()):.3f} | {sum(two['cores_in_use'].values()):.3f} |",
+                  f"| vLLM engine CPU per output token (us) | {one['engine_cpu_us_per_token']:.0f} | "
+                  f"{two['engine_cpu_us_per_token']:.0f} |"]
+        lines += ["", "Two nodes, by the cores a process may use: " + "; ".join(
+            f"cores {c}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+            for c, d in sorted(two["by_core_set"].items()))]
     if r.get("node_loss"):
         m = r["node_loss"].get("measured", {})
         lines += ["", f"Node loss (bench/results/failures/run_node_loss.json): instance dropped "

@@ -121,7 +121,10 @@ def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tup
     for name, why, when in dropped:
         events.append({"ph": "i", "s": "p", "pid": pid_of.get(name, DRIVER_PID), "tid": 0, "name": f"dropped: {why}",
                        "ts": _us(when, t0)})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+    # t0 on the host's monotonic clock: samples taken outside the run (a benchmark reading /proc)
+    # line up with the trace's slices through it.
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"t0_monotonic_s": round(t0, 6), **(metadata or {})}}
 
 
 def write_trace(path: str | Path, trace: dict) -> Path:
