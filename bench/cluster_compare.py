@@ -144,7 +144,8 @@ def summarize(runs: dict, args, elapsed_s: float) -> dict:
 
 def cpu_attribution(runs: list[dict]) -> dict:
     """Where the rollout phases' CPU went, over all runs of one placement: cores in use per kind
-    (CPU s / rollout s), per core set, and the engines' CPU per output token."""
+    (CPU s / rollout s), per core set, and the engines' CPU (engine core and model worker) per
+    output token."""
     phase_s = sum(r["rollout_phase_s"] for r in runs) or float("nan")
     by_kind: dict[str, float] = {}
     by_core: dict[str, dict[str, float]] = {}
@@ -155,7 +156,8 @@ def cpu_attribution(runs: list[dict]) -> dict:
                 by_core.setdefault(c, {}).setdefault(kind, 0.0)
                 by_core[c][kind] += sec / phase_s
     tokens = sum(sum(r["output_tokens"]) for r in runs)
-    engine = sum(sec for r in runs for sec in r["rollout_cpu_s"].get("vllm engine", {}).values())
+    engine = sum(sec for r in runs for k in ("vllm engine", "vllm worker")
+                 for sec in r["rollout_cpu_s"].get(k, {}).values())
     return {"cores_in_use": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "by_core_set": by_core,
             "engine_cpu_us_per_token": 1e6 * engine / tokens if tokens else None, "rollout_phase_s": phase_s}
 
@@ -186,7 +188,7 @@ def markdown(r: dict) -> str:
                   "| process | one node | two nodes |", "|---|---|---|"]
         lines += [f"| {k} | {one['cores_in_use'].get(k, 0):.3f} | {two['cores_in_use'].get(k, 0):.3f} |" for k in kinds]
         lines += [f"| all | {sum(one['cores_in_use'].values()):.3f} | {sum(two['cores_in_use'].values()):.3f} |",
-                  f"| vLLM engine CPU per output token (us) | {one['engine_cpu_us_per_token']:.0f} | "
+                  f"| vLLM engine and worker CPU per output token (us) | {one['engine_cpu_us_per_token']:.0f} | "
                   f"{two['engine_cpu_us_per_token']:.0f} |"]
         lines += ["", "Two nodes, by the cores a process may use: " + "; ".join(
             f"cores {c}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005)

@@ -18,7 +18,7 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 
 # (kind, substring of the command line or process title); the first match names the process.
-KINDS = (("vllm engine", "VLLM::EngineCore"), ("vllm api", "vllm.entrypoints"), ("mooncake store", "mooncake_client"),
+KINDS = (("vllm worker", "VLLM::Worker"), ("vllm engine", "VLLM::EngineCore"), ("vllm api", "vllm.entrypoints"), ("mooncake store", "mooncake_client"),
          ("mooncake master", "mooncake_master"), ("dgds", "seer.dgds"), ("raylet", "raylet"),
          ("gcs", "gcs_server"), ("ray trainer rank", "ray::TrainerRank"), ("ray host actor", "ray::ProcessHost"),
          ("ray agents", "dashboard"), ("ray agents", "runtime_env"), ("ray agents", "log_monitor"),

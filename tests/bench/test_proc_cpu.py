@@ -35,7 +35,7 @@ def test_window_cpu_counts_descendants_by_their_later_title():
 
 
 def test_kinds():
-    assert kind_of("VLLM::EngineCore") == "vllm engine"
+    assert kind_of("VLLM::EngineCore") == "vllm engine" and kind_of("VLLM::Worker_TP0") == "vllm worker"
     assert kind_of("python -m vllm.entrypoints.openai.api_server --port 1") == "vllm api"
     assert kind_of("ray::ProcessHost.start") == "ray host actor"
     assert kind_of("/x/mooncake_client --port 2") == "mooncake store"
