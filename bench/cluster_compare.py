@@ -72,6 +72,7 @@ def run_job(run_dir: Path, sets: dict, env: dict, iterations: int, log, roots: l
         # CPU seconds each kind of process spent inside the rollout phases, by the cores it may use
         "rollout_cpu_s": cpu.window_cpu(windows),
         "rollout_phase_s": sum(b - a for a, b in windows),
+        "rollout_cpu_unnamed": cpu.unnamed(windows),
     }
     log(f"  {'+'.join(nodes)}: {result['tokens_per_s_per_instance']} tok/s per instance, "
         f"sync {result['weight_sync_s']} s, wall {result['wall_s']} s")

@@ -63,6 +63,7 @@ class ProcCpu:
     period_s: float = 0.2
     # pid -> (kind, cores, [(monotonic t, cpu s)])
     series: dict[int, tuple[str, str, list[tuple[float, float]]]] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # pid -> the start of its command line
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -100,7 +101,9 @@ class ProcCpu:
                 pids, last_scan = self._descendants() | {p for p in pids if Path(f"/proc/{p}").exists()}, now
                 for pid in pids & self.series.keys():  # titles change after start (VLLM::EngineCore, ray::…)
                     kind, cores, pts = self.series[pid]
-                    if (now_kind := kind_of(_cmdline(pid))) != "other":
+                    name = _cmdline(pid)
+                    self.names[pid] = name[:120]
+                    if (now_kind := kind_of(name)) != "other":
                         self.series[pid] = (now_kind, _cores(pid), pts)
             for pid in pids:
                 st = _stat(pid)
@@ -120,6 +123,12 @@ class ProcCpu:
                 out.setdefault(kind, {}).setdefault(cores, 0.0)
                 out[kind][cores] += used
         return out
+
+    def unnamed(self, windows: list[tuple[float, float]], top: int = 5) -> list[tuple[str, float]]:
+        """The command lines of the processes of kind "other" that used the most CPU in the windows."""
+        used = [(self.names.get(pid, "?"), sum(_at(pts, b) - _at(pts, a) for a, b in windows))
+                for pid, (kind, _, pts) in self.series.items() if kind == "other"]
+        return sorted((u for u in used if u[1] > 0.01), key=lambda u: -u[1])[:top]
 
 
 def _at(pts: list[tuple[float, float]], t: float) -> float:
