@@ -19,12 +19,13 @@ from seer.types import InstanceBackend, Telemetry
 from seer.types import PromptSpec, Sample, SamplingParams
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Wait
-from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
+from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError, Unfinished
 from seer.scheduler.events import ChunkEvent, Progress
 from seer.scheduler.policies import LengthKey
 from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 SampleCallback = Callable[[Sample], Awaitable[None] | None]
+StopCallback = Callable[[Sequence[Sample]], bool]
 TurnCallback = Callable[[TurnEnd], Awaitable[TurnReply]]
 ProgressCallback = Callable[[Progress], None]
 
@@ -43,6 +44,8 @@ class RolloutResult:
     end_time: float
     policy_summary: dict = field(default_factory=dict)
     dropped: list[tuple[str, str, float]] = field(default_factory=list)  # (instance, why, when): lost mid-run
+    # A partial rollout (`stop_when`): the requests it stopped before they finished, as they were
+    unfinished: list[Unfinished] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -120,6 +123,7 @@ class RolloutDriver:
         on_progress: ProgressCallback | None = None,
         turns: TurnSplitter | None = None,
         on_turn_end: TurnCallback | None = None,
+        stop_when: StopCallback | None = None,
     ) -> RolloutResult:
         """Generate `group_size` samples of every prompt; returns when all are finished.
 
@@ -131,6 +135,11 @@ class RolloutDriver:
         each turn, `on_turn_end` runs as a task (the environment's work) while the request holds
         no instance slot and other chunks go on; its TurnReply continues or finishes the request.
         It must not raise: an environment's errors are its replies.
+
+        `stop_when` (partial rollout, as APRIL over-issues and keeps the first that finish): called
+        with the samples finished so far after each one finishes; once it returns True the rollout
+        ends there, chunks in flight are aborted and environment calls cancelled, and the requests
+        left are returned in `RolloutResult.unfinished`.
         """
         if (turns is None) != (on_turn_end is None):
             raise ValueError("multi-turn rollout needs both turns and on_turn_end")
@@ -161,15 +170,22 @@ class RolloutDriver:
         env_tasks: dict[asyncio.Task, TurnEnd] = {}
         callbacks: list[asyncio.Task] = []
 
+        stopped = False
+
         def finished(sample: Sample | None) -> None:
-            if sample is not None and on_sample_finished is not None:
+            nonlocal stopped
+            if sample is None:
+                return
+            if on_sample_finished is not None:
                 out = on_sample_finished(sample)
                 if inspect.isawaitable(out):
                     callbacks.append(asyncio.ensure_future(out))
+            if stop_when is not None and not stopped:
+                stopped = stop_when(disp.samples)
 
         poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
         try:
-            while not disp.done:
+            while not disp.done and not stopped:
                 for turn_end in disp.take_turn_ends():
                     env_tasks[asyncio.ensure_future(on_turn_end(turn_end))] = turn_end
                 while True:
@@ -231,6 +247,7 @@ class RolloutDriver:
             end_time=end,
             policy_summary=policy.summary(),
             dropped=list(disp.dropped),
+            unfinished=disp.unfinished(),
         )
 
     async def _instance_lost(self, disp: Dispatcher, name: str, error: BaseException | None) -> bool:
