@@ -20,7 +20,7 @@ from seer.types import PromptSpec, Sample, SamplingParams
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError, Unfinished
-from seer.scheduler.events import ChunkEvent, Progress
+from seer.scheduler.events import ChunkEvent, EnvWait, Progress
 from seer.scheduler.policies import LengthKey
 from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
@@ -46,6 +46,7 @@ class RolloutResult:
     dropped: list[tuple[str, str, float]] = field(default_factory=list)  # (instance, why, when): lost mid-run
     # A partial rollout (`stop_when`): the requests it stopped before they finished, as they were
     unfinished: list[Unfinished] = field(default_factory=list)
+    env_waits: list[EnvWait] = field(default_factory=list)  # multi-turn: every wait for an environment
 
     @property
     def wall_s(self) -> float:
@@ -168,6 +169,8 @@ class RolloutDriver:
         self._heard = {name: start for name in self.backends}  # last sign of life per instance
         pending: dict[asyncio.Task, ChunkTicket] = {}
         env_tasks: dict[asyncio.Task, TurnEnd] = {}
+        env_started: dict[asyncio.Task, float] = {}
+        env_waits: list[EnvWait] = []
         callbacks: list[asyncio.Task] = []
 
         stopped = False
@@ -187,7 +190,8 @@ class RolloutDriver:
         try:
             while not disp.done and not stopped:
                 for turn_end in disp.take_turn_ends():
-                    env_tasks[asyncio.ensure_future(on_turn_end(turn_end))] = turn_end
+                    env_task = asyncio.ensure_future(on_turn_end(turn_end))
+                    env_tasks[env_task], env_started[env_task] = turn_end, self.clock()
                 while True:
                     decision = disp.next_decision()
                     if isinstance(decision, Wait):
@@ -205,7 +209,11 @@ class RolloutDriver:
                     self._drop_hung(disp, pending)
                     continue
                 for task in sorted((t for t in done if t in env_tasks), key=lambda t: env_tasks[t].request.seq):
-                    finished(disp.resume(env_tasks.pop(task), task.result(), self.clock()))
+                    turn_end, now = env_tasks.pop(task), self.clock()
+                    r = turn_end.request
+                    env_waits.append(EnvWait(r.request_id, r.group_id, r.sample_index, turn_end.turn, r.last_instance,
+                                             env_started.pop(task), now))
+                    finished(disp.resume(turn_end, task.result(), now))
                 done = {t for t in done if t in pending}
                 # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
                 for task in sorted(done, key=lambda t: pending[t].request.seq):
@@ -248,6 +256,7 @@ class RolloutDriver:
             policy_summary=policy.summary(),
             dropped=list(disp.dropped),
             unfinished=disp.unfinished(),
+            env_waits=env_waits,
         )
 
     async def _instance_lost(self, disp: Dispatcher, name: str, error: BaseException | None) -> bool:
