@@ -61,7 +61,8 @@ from seer.types import PromptSpec, SamplingParams
 from seer.watch.trace import build_trace, write_trace
 
 from bench.configs import parse_bool
-from bench.turn_scripts import ReplayBackend, ReplayEnv, ReplayTable, Script, script_from_sample, tool_latencies
+from bench.turn_scripts import ReplayBackend, ReplayEnv, ReplayTable, Script, continuation_prefix, idle_while_tools
+from bench.turn_scripts import script_from_sample, tool_latencies
 from bench.turn_scripts import true_lengths as script_lengths
 
 STICKY = "seer.scheduler.policies.sticky:SessionSticky"
@@ -150,57 +151,6 @@ class MTRun:
 
 
 # ---- pure accounting ----------------------------------------------------------------------------
-
-def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def uncovered(want: Sequence[tuple[float, float]], busy: Sequence[tuple[float, float]]) -> float:
-    """Length of the union of `want` not covered by the union of `busy`."""
-    w, b = _merge(want), _merge(busy)
-    total = sum(e - s for s, e in w)
-    i = j = 0
-    overlap = 0.0
-    while i < len(w) and j < len(b):
-        lo, hi = max(w[i][0], b[j][0]), min(w[i][1], b[j][1])
-        overlap += max(0.0, hi - lo)
-        if w[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total - overlap
-
-
-def idle_while_tools(chunks, waits, names: Sequence[str], start: float, end: float) -> dict[str, float]:
-    """Per instance: seconds with none of our chunks running there while some tool call was running."""
-    tools = [(max(w.dispatch_time, start), min(w.complete_time, end)) for w in waits]
-    return {n: uncovered(tools, [(c.dispatch_time, c.complete_time) for c in chunks if c.instance == n])
-            for n in names}
-
-
-def continuation_prefix(chunks) -> dict:
-    """The first chunk of every turn after the first: its history (prompt tokens) and how much of it
-    the instance found cached (local prefix cache or the pool) vs recomputed."""
-    first: dict[tuple[str, int], object] = {}
-    for c in chunks:
-        if c.turn >= 1 and c.finish_reason != "error":
-            k = (c.request_id, c.turn)
-            if k not in first or c.chunk_index < first[k].chunk_index:
-                first[k] = c
-    cs = list(first.values())
-    return {"turns": len(cs), "history_tokens": sum(c.prompt_tokens for c in cs),
-            "cached_tokens": sum(c.cached_prefix_tokens for c in cs),
-            "recomputed_tokens": sum(c.prompt_tokens - c.cached_prefix_tokens for c in cs),
-            "moved_turns": sum(1 for c in cs if c.migrated)}
-
 
 def off_policy(kept: Sequence[Carried], iteration: int) -> dict:
     """APRIL: of the kept trajectories' model tokens, those generated in an earlier iteration."""

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from seer import request_ids
+from seer.rollout.stats import union_length
 from seer.scheduler.turns import TurnEnd, TurnReply
 from seer.types import GenerateRequest, GenerateResult, InstanceBackend, Sample, Telemetry
 
@@ -172,6 +173,35 @@ class ReplayEnv:
         if script.latency_s[end.turn] > 0:
             await self.sleep(script.latency_s[end.turn])
         return TurnReply(script.obs[end.turn])
+
+
+# ---- accounting shared by the real comparison and the simulator -------------------------------
+
+def idle_while_tools(chunks, waits, names: Sequence[str], start: float, end: float) -> dict[str, float]:
+    """Per instance: seconds with none of our chunks running there while some tool call was running
+    (the union of tool waits and that instance's chunks, less the union of its chunks)."""
+    tools = [(w.dispatch_time, w.complete_time) for w in waits]
+    out = {}
+    for n in names:
+        busy = [(c.dispatch_time, c.complete_time) for c in chunks if c.instance == n]
+        out[n] = union_length(tools + busy, start, end) - union_length(busy, start, end)
+    return out
+
+
+def continuation_prefix(chunks) -> dict:
+    """The first chunk of every turn after the first: its history (prompt tokens) and how much of it
+    the instance found cached (local prefix cache or the pool) vs recomputed."""
+    first: dict[tuple[str, int], object] = {}
+    for c in chunks:
+        if c.turn >= 1 and c.finish_reason != "error":
+            k = (c.request_id, c.turn)
+            if k not in first or c.chunk_index < first[k].chunk_index:
+                first[k] = c
+    cs = list(first.values())
+    return {"turns": len(cs), "history_tokens": sum(c.prompt_tokens for c in cs),
+            "cached_tokens": sum(c.cached_prefix_tokens for c in cs),
+            "recomputed_tokens": sum(c.prompt_tokens - c.cached_prefix_tokens for c in cs),
+            "moved_turns": sum(1 for c in cs if c.migrated)}
 
 
 def true_lengths(scripts: Mapping[LengthKey, Script]) -> dict[LengthKey, int]:
