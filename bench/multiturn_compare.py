@@ -71,7 +71,7 @@ STICKY = "seer.scheduler.policies.sticky:SessionSticky"
 @dataclass(frozen=True)
 class MTSettings:
     model: str = "calc"  # an embedded preset (calc: the calculator task's own) or a local HF checkpoint
-    groups: int = 8  # groups (prompts) per iteration: the training batch
+    groups: int = 16  # groups (prompts) per iteration: the training batch
     group_size: int = 8  # trajectories per group (G)
     iterations: int = 3  # rollout iterations per configuration and repeat
     repeats: int = 2  # runs of every configuration, in alternating order

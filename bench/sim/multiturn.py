@@ -58,7 +58,7 @@ class AgentWorkload:
 
     base: str = "moonlight"  # the paper workload whose model, GPUs, KV and batch limits the instances have
     instances: int = 32
-    groups: int = 128
+    groups: int = 400  # the paper's Moonlight batch (Table 3): 3,200 trajectories on 32 instances
     group_size: int = 8
     median_turns: float = 8.0  # lognormal turns per trajectory
     turns_sigma: float = 0.9
@@ -72,7 +72,10 @@ class AgentWorkload:
     tool_sigma: float = 1.0
     prompt_tokens: int = 1024
     max_tokens: int = 65536  # a trajectory's budget (turns and observations)
-    chunk_size: int = 8192  # Seer's chunk (turns are shorter: a turn is a chunk)
+    # Seer's chunk: about a few turns, so that a chunk's KV reservation (its context + the chunk) does
+    # not hold back admission (the paper's 8192 reserves 27x a median turn; bench.sim.multiturn --set
+    # chunk_size=8192 --tag c8k shows what that costs)
+    chunk_size: int = 1024
     token_unit: int = 16  # real tokens per simulated token
 
     def workload(self) -> Workload:
