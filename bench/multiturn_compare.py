@@ -573,29 +573,11 @@ def plot(result: dict, traces: dict[str, dict], out: Path) -> None:
     """throughput.png: bars with the spread over repeats; timeline.png: per configuration, each
     instance's turns (one lane per concurrent chunk) and, below them in grey, the tool waits of the
     trajectories whose last turn ran there."""
-    import matplotlib
+    from bench.compare import throughput_bars
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["configs"]
-    names = list(rows)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    means = [rows[n]["tokens_per_s"] for n in names]
-    err = [[m - rows[n]["tokens_per_s_min"] for m, n in zip(means, names)],
-           [rows[n]["tokens_per_s_max"] - m for m, n in zip(means, names)]]
-    ax.bar(names, means, yerr=err, capsize=4, color="tab:blue")
-    for i, n in enumerate(names):
-        extra = f"\ntail {rows[n]['tail_s']:.1f}s"
-        ax.text(i, rows[n]["tokens_per_s_max"], (f"{rows[n]['ratio']:.2f}x" if rows[n]["ratio"] else "") + extra,
-                ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, 1.25 * max(rows[n]["tokens_per_s_max"] for n in names))
-    ax.set_ylabel("model tokens/s")
-    ax.set_title("multi-turn rollout (calculator task), per configuration\n(bars: mean, whiskers: min-max over repeats)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
-    plt.close(fig)
+    throughput_bars(result["configs"], out / "throughput.png", "model tokens/s",
+                    "multi-turn rollout (calculator task), per configuration",
+                    lambda r: (f"{r['ratio']:.2f}x" if r["ratio"] else "") + f"\ntail {r['tail_s']:.1f}s", headroom=1.25)
     if traces:
         timeline_plot(traces, out / "timeline.png")
 
@@ -651,17 +633,9 @@ def parse(argv: list[str] | None) -> MTSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        import sys
+    from bench.compare import run_command
 
-        argv = sys.argv[1:]
-    if argv[:1] == ["--render"]:
-        print(markdown(render(Path(argv[1]))))
-        return 0
-    s = parse(argv)
-    result = run(s, progress=lambda m: print(m, flush=True))
-    print(markdown(result))
-    return 0
+    return run_command(argv, parse, run, markdown, render)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ import asyncio
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from seer import request_ids
 from seer.rollout.stats import union_length
 from seer.scheduler.turns import TurnEnd, TurnReply
-from seer.types import GenerateRequest, GenerateResult, InstanceBackend, Sample, Telemetry
+from seer.types import GenerateRequest, GenerateResult, InstanceBackend, Sample
+
+from bench.trace_backend import TraceBackend
 
 LengthKey = tuple[int, int]  # (group, sample) of a rollout's request ids
 
@@ -121,39 +123,22 @@ class ReplayTable:
         return sid.group_index, sid.sample
 
 
-class ReplayBackend:
+class ReplayBackend(TraceBackend):
     """An InstanceBackend over `inner` whose turns end at the scripted lengths.
 
     Each chunk asks vLLM for at most what is left of its turn, with EOS and the environment's stop
-    strings off, and is reported "stop" when the turn is complete: a StopMatcher without stop
-    sequences then ends the turn there (seer.scheduler.turns)."""
+    strings off, and is reported "stop" when the turn is complete (TraceBackend.capped): a
+    StopMatcher without stop sequences then ends the turn there (seer.scheduler.turns)."""
 
     def __init__(self, inner: InstanceBackend, table: ReplayTable):
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner, {}, {})
         self.table = table  # replaced by the benchmark between iterations
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         t = self.table
         group, sample = t.key(req.request_id)
         left = t.scripts[(group, sample)].turn_left(len(req.prompt_ids) - t.prompt_lens[group])
-        n = max(1, min(req.max_tokens, left))
-        sampling = replace(req.sampling, max_tokens=n, ignore_eos=True)
-        out = await self.inner.generate(replace(req, max_tokens=n, sampling=sampling, stop=()))
-        if out.finish_reason != "abort" and len(out.token_ids) >= left:
-            out = replace(out, finish_reason="stop")
-        return out
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    async def telemetry(self) -> Telemetry:
-        return await self.inner.telemetry()
-
-    async def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            await close()
+        return await self.capped(req, left, stop=())
 
 
 class ReplayEnv:
