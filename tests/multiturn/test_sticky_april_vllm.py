@@ -60,7 +60,7 @@ def test_session_sticky_keeps_every_turn_on_its_first_instance(vllm_pool, tiny_m
         assert all(c.cached_prefix_tokens >= BLOCK for c in cs[1:]), cs  # the history from its own prefix cache
     assert len({cs[0].instance for cs in by_request.values()}) == 2  # first turns spread by load
     assert result.policy_summary["routes"] == {"first": 6, "sticky": 12, "rehome": 0}
-    assert len(result.env_waits) == 6 * 3  # the reset and two tool calls per trajectory
+    assert len(result.env_waits) == 6 * 4  # per trajectory: the reset, two tool calls, the final answer
     assert all(w.instance is not None for w in result.env_waits if w.turn > 0)
 
 
