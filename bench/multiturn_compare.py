@@ -21,7 +21,8 @@ scheduling only:
   model tokens generated in an earlier iteration is what training would take off-policy.
 - seer: turns on divided rollout (`--chunk-size` chunks) over a Mooncake KV pool with
   context-aware scheduling: a turn goes to whichever instance the scheduler picks and loads the
-  history from the pool.
+  history from the pool. seer_nopool: the same scheduling on the plain instances (a turn stays with
+  its history unless another instance is idle), which separates what the pool costs from the order.
 - oracle: oracle longest-first on the same pool (told every trajectory's length).
 
 Each configuration runs `--iterations` rollout iterations of `--groups` x `--group-size`
@@ -87,7 +88,7 @@ class MTSettings:
     latency_sigma: float = 0.7  # tool latency: lognormal sigma
     over_issue: float = 0.5  # april: groups issued beyond the batch, as a share of it
     kv_pool_bytes: int = 1 << 30  # memory of the Mooncake pool under seer and oracle
-    configs: str = "sticky,april,seer,oracle"  # comma-separated, of sticky, april, seer, oracle
+    configs: str = "sticky,april,seer_nopool,seer,oracle"  # comma-separated, of sticky, april, seer_nopool, seer, oracle
     out: str = "bench/results/multiturn_compare"  # where the json, md, plots and traces go
 
     def __post_init__(self) -> None:
@@ -113,6 +114,9 @@ class MTConfig:
 CONFIGS: tuple[MTConfig, ...] = (
     MTConfig("sticky", "session-sticky + prefix cache (verl, slime)", STICKY, pooled=False, chunked=False),
     MTConfig("april", "session-sticky + APRIL partial rollout", STICKY, pooled=False, chunked=False, april=True),
+    # Seer's scheduling on the plain instances: what the pool costs and brings, apart from the ordering
+    MTConfig("seer_nopool", "Seer's scheduling without the pool (divided turns, context-aware)", "context",
+             pooled=False, chunked=True),
     MTConfig("seer", "Seer: divided turns on the KV pool, context-aware", "context", pooled=True, chunked=True),
     MTConfig("oracle", "oracle longest-first on the KV pool (knows lengths)", "oracle_lfs", pooled=True, chunked=True),
 )
