@@ -68,8 +68,10 @@ def test_april_carries_the_unfinished_group_and_counts_its_earlier_tokens_as_off
     from seer.kvpool.accounting import kv_bytes_per_token
 
     s = _settings(groups=1, group_size=2, iterations=2, over_issue=1.0)  # issue 2 groups, keep 1
-    short, long_, longer = _script(4, 1, 0.0), _script(8, 4, 0.3), _script(8, 4, 0.6)
-    plan = {0: short, 1: long_, 2: longer}  # it 0: groups 0 and 1 (0 kept); it 1: 1 (carried) and 2 (1 kept)
+    # it 0: groups 0 and 1, group 0 done first (kept) while group 1 is past its first turn (carried);
+    # it 1: the carried group 1 and a fresh group 2, group 1 done first (kept)
+    short, long_, longer = _script(4, 2, 0.5), _script(8, 4, 0.4), _script(8, 4, 0.8)
+    plan = {0: short, 1: long_, 2: longer}
     prompts = [_prompt(g) for g in plan]
     trajs = {(g, k): Trajectory(g, k, tuple(prompts[g].prompt_ids), sc) for g, sc in plan.items() for k in range(2)}
     runs = _run(vllm_pool, lambda clients: run_april(
@@ -77,7 +79,7 @@ def test_april_carries_the_unfinished_group_and_counts_its_earlier_tokens_as_off
     first, second = (r.stats for r in runs)
     a0, a1 = first["april"], second["april"]
     assert (a0["kept_groups"], a0["fresh_groups"], a0["issued_trajectories"]) == (1, 2, 4)
-    assert (a0["kept_model_tokens"], a0["off_policy_tokens"]) == (2 * 4, 0)  # group 0, all of it on-policy
+    assert (a0["kept_model_tokens"], a0["off_policy_tokens"]) == (2 * short.model_tokens, 0)  # all on-policy
     assert a0["carried_unfinished"] == 2
     # iteration 1: the carried group 1 and one fresh group; group 1 finishes first and is kept
     assert (a1["fresh_groups"], a1["issued_trajectories"], a1["kept_groups"]) == (1, 4, 1)
