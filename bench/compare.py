@@ -430,12 +430,20 @@ def breakdown_markdown(result: dict) -> str:
 
 def plot(result: dict, runs: list[ConfigRun], out: Path) -> None:
     """Throughput bars with the spread over repeats; KV usage and running requests per instance over time."""
+    throughput_bars(result["configs"], out / "throughput.png", "output tokens/s", "rollout throughput per configuration",
+                    lambda r: "" if r["ratio"] is None else f"{r['ratio']:.2f}x")
+    timeline_plot([(r.config, r.stats.extra.get("kv_timeline", [])) for r in runs if r.repeat == 0],
+                  out / "timelines.png")
+
+
+def throughput_bars(rows: dict[str, dict], path: Path, ylabel: str, title: str, note, headroom: float = 1.12) -> None:
+    """Bars of each row's `tokens_per_s` with whiskers from its min to max over repeats, `note(row)`
+    written above each whisker."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["configs"]
     names = list(rows)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     means = [rows[n]["tokens_per_s"] for n in names]
@@ -443,16 +451,13 @@ def plot(result: dict, runs: list[ConfigRun], out: Path) -> None:
            [rows[n]["tokens_per_s_max"] - m for m, n in zip(means, names)]]
     ax.bar(names, means, yerr=err, capsize=4, color="tab:blue")
     for i, n in enumerate(names):
-        if rows[n]["ratio"] is not None:
-            ax.text(i, rows[n]["tokens_per_s_max"], f"{rows[n]['ratio']:.2f}x", ha="center", va="bottom")  # above the whisker
-    ax.set_ylim(0, 1.12 * max(rows[n]["tokens_per_s_max"] for n in names))  # room for the labels
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("rollout throughput per configuration\n(bars: mean, whiskers: min-max over repeats)", fontsize=10)
+        ax.text(i, rows[n]["tokens_per_s_max"], note(rows[n]), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, headroom * max(rows[n]["tokens_per_s_max"] for n in names))  # room for the labels
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}\n(bars: mean, whiskers: min-max over repeats)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    timeline_plot([(r.config, r.stats.extra.get("kv_timeline", [])) for r in runs if r.repeat == 0],
-                  out / "timelines.png")
 
 
 def timeline_plot(series: list[tuple[str, list[dict]]], path: Path) -> None:
@@ -502,18 +507,23 @@ def parse(argv: list[str] | None) -> CompareSettings:
     return CompareSettings(**vars(ap.parse_args(argv)))
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_command(argv: list[str] | None, parse, run, markdown, render) -> int:
+    """A comparison's command line: `--render DIR` re-summarizes a saved run, else parse the flags,
+    run, print the table (bench.compare, bench.multiturn_compare)."""
     if argv is None:
         import sys
 
         argv = sys.argv[1:]
-    if argv[:1] == ["--render"]:  # python -m bench.compare --render DIR: re-summarize a saved run
+    if argv[:1] == ["--render"]:
         print(markdown(render(Path(argv[1]))))
         return 0
-    s = parse(argv)
-    result = run(s, progress=lambda m: print(m, flush=True))
+    result = run(parse(argv), progress=lambda m: print(m, flush=True))
     print(markdown(result))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(argv, parse, run, markdown, render)
 
 
 if __name__ == "__main__":

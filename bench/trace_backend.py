@@ -38,10 +38,13 @@ class TraceBackend:
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         group, sample = self._key(req.request_id)
         done = len(req.prompt_ids) - self._prompt_lens[group]
-        left = self._hidden[(group, sample)] - done
+        return await self.capped(req, self._hidden[(group, sample)] - done)
+
+    async def capped(self, req: GenerateRequest, left: int, **changes) -> GenerateResult:
+        """`req` for at most `left` more tokens with EOS ignored, reported "stop" once they are out."""
         n = max(1, min(req.max_tokens, left))
         sampling = replace(req.sampling, max_tokens=n, ignore_eos=True)
-        out = await self.inner.generate(replace(req, max_tokens=n, sampling=sampling))
+        out = await self.inner.generate(replace(req, max_tokens=n, sampling=sampling, **changes))
         if out.finish_reason != "abort" and len(out.token_ids) >= left:
             out = replace(out, finish_reason="stop")
         return out

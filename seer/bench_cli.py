@@ -14,7 +14,9 @@ from pathlib import Path
 # name -> (module, what it measures); each module's main(argv) takes the flags.
 COMMANDS = {
     "compare": ("bench.compare", "real instances, every configuration of the ablation ladder (long)"),
+    "multiturn-compare": ("bench.multiturn_compare", "multi-turn: session-sticky, + APRIL, Seer, oracle on real instances"),
     "sim": ("bench.sim.run", "the paper-scale ablation by simulation"),
+    "sim-multiturn": ("bench.sim.multiturn", "multi-turn at cluster scale by simulation: session-sticky vs Seer"),
     "sim-vs-real": ("bench.sim_vs_real", "the simulator against recorded real runs"),
     "sim-calibrate": ("bench.sim.calibrate", "fit the simulator's step model to measured step times"),
     "sim-measure-steps": ("bench.sim.measure_steps", "measure vLLM step times on this machine (long)"),

@@ -165,6 +165,7 @@ class RolloutBatch:
     chunks: list = field(default_factory=list)
     telemetry: list[Telemetry] = field(default_factory=list)
     phases: list[tuple[str, float, float]] = field(default_factory=list)
+    env_waits: list = field(default_factory=list)  # multi-turn: seer.scheduler.events.EnvWait, tool waits
 
     def groups(self) -> dict[int, list[Sample]]:
         out: dict[int, list[Sample]] = {}

@@ -344,3 +344,57 @@ def test_weights_doc_table_matches_the_recording():
             assert r["delivery s per node"] == "-", what
         else:
             agrees(r["delivery s per node"], [t["delivery_s_median"]], what)
+
+
+# ---------------------------------------------------------------- multi-turn
+
+MULTITURN_COLUMNS = {  # header -> recorded keys (in the order the cell shows them), scale
+    "model tok/s (min-max)": (("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"), 1.0),
+    "vs sticky": (("ratio",), 1.0),
+    "wall s / iteration": (("wall_s_per_iteration",), 1.0),
+    "tail s (min-max)": (("tail_s", "tail_s_min", "tail_s_max"), 1.0),
+    "idle": (("idle_fraction",), 100.0),
+    "idle while tools run": (("idle_while_tools_fraction",), 100.0),
+    "history tokens / turn": (("history_tokens_per_turn",), 1.0),
+    "cached / recomputed per turn": (("cached_tokens_per_turn", "recomputed_tokens_per_turn"), 1.0),
+    "from the pool / turn": (("pool_tokens_per_turn",), 1.0),
+    "turns moved": (("moved_turns_share",), 100.0),
+}
+
+
+def check_multiturn_table(doc: Path, anchor: str, header_starts: str, recorded: str, columns: dict) -> None:
+    header, rows = table_after(doc, anchor, header_starts)
+    configs = {r["label"]: r for r in load(recorded)["configs"].values()}
+    assert len(rows) >= 3
+    for row in rows:
+        name = label(row[0])
+        assert name in configs, f"{doc.name}: row {name!r} is not a configuration of {recorded}"
+        rec = configs[name]
+        for col, cell in zip(header[1:], row[1:]):
+            if col == "off-policy share":
+                ap = rec.get("april")
+                if ap is None:
+                    assert "on-policy" in cell, f"{name}: {cell!r}"
+                else:
+                    agrees(cell.replace("after it 0", "after"), [ap["off_policy_share"], ap["off_policy_share_after_first"]],
+                           f"{name} {col}", 100.0)
+            elif col in columns:
+                keys, scale = columns[col]
+                agrees(cell, [rec[k] for k in keys], f"{doc.name} {name} {col}", scale)
+
+
+def test_readme_multiturn_table_matches_the_recording():
+    check_multiturn_table(ROOT / "README.md", "#### Multi-turn comparison", "configuration | model tok/s",
+                          "multiturn_compare/multiturn_compare.json", MULTITURN_COLUMNS)
+
+
+def test_readme_simulated_multiturn_table_matches_the_recording():
+    columns = {"throughput vs sticky (min-max)": (("ratio", "ratio_min", "ratio_max"), 1.0),
+               "wall s": (("wall_s",), 1.0), "tail s": (("tail_s",), 1.0), "idle": (("idle_fraction",), 100.0),
+               "idle while tools run": (("idle_while_tools_fraction",), 100.0),
+               "history tokens / turn": (("history_tokens_per_turn",), 1.0),
+               "recomputed / turn": (("recomputed_tokens_per_turn",), 1.0),
+               "from the pool / turn": (("pool_tokens_per_turn",), 1.0),
+               "turns moved": (("moved_turns_share",), 100.0)}
+    check_multiturn_table(ROOT / "README.md", "#### Multi-turn comparison", "configuration | throughput vs sticky",
+                          "sim/sim_multiturn.json", columns)

@@ -129,19 +129,11 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     names = [f"inst{i}" for i in range(workload.instances)]
     disp = Dispatcher(prompts, workload.group_size, SamplingParams(max_tokens=_units(workload.max_tokens, u), seed=seed),
                       policy, names, kv_capacity_tokens=cap)
-    step = settings.instance_step(workload)
     # The engines schedule by the chunks' priorities when the policy sends them (vLLM's priority
     # scheduling, as seer starts its instances); otherwise FCFS, which with every priority 0 is the
     # same schedule (bench/sim/instance.py).
-    insts = {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=config.speculate,
-                            gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
-                            local_share=settings.local_share(workload),
-                            ridge_positions=settings.attention_ridge(workload),
-                            alltoall_per_position_s=settings.alltoall_per_position(workload),
-                            pool_vs_prefill=settings.pool_vs_prefill,
-                            chunk_latency_s=settings.chunk_cost.latency_s,
-                            chunk_instance_s=settings.chunk_cost.instance_s,
-                            priority_scheduling=sched.engine_priority) for n in names}
+    insts = make_instances(workload, settings, names, cap, speculate=config.speculate,
+                           priority_scheduling=sched.engine_priority)
     heap: list[tuple[float, int, str]] = []
     version = {n: 0 for n in names}
 
@@ -214,6 +206,22 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
     stats.extra["dp_ranks"] = workload.dp_ranks
     stats.extra["mean_running"], stats.extra["mean_kv_used"] = busy_means(insts.values())
     return SimRun(config.name, stats, mal, time.perf_counter() - t0, time.process_time() - c0, first_dispatch)
+
+
+def make_instances(workload: Workload, settings: SimSettings, names: list[str], cap: int, *,
+                   speculate: bool = False, priority_scheduling: bool = False) -> dict[str, SimInstance]:
+    """The modelled engines of `workload` (`cap` KV units each), as `settings` price their steps."""
+    step = settings.instance_step(workload)
+    u = workload.token_unit
+    return {n: SimInstance(n, cap, workload.max_num_seqs, step, u, speculate=speculate,
+                           gamma_max=settings.gamma_max, block=max(16 / u, 1e-3), ranks=workload.dp_ranks,
+                           local_share=settings.local_share(workload),
+                           ridge_positions=settings.attention_ridge(workload),
+                           alltoall_per_position_s=settings.alltoall_per_position(workload),
+                           pool_vs_prefill=settings.pool_vs_prefill,
+                           chunk_latency_s=settings.chunk_cost.latency_s,
+                           chunk_instance_s=settings.chunk_cost.instance_s,
+                           priority_scheduling=priority_scheduling) for n in names}
 
 
 def busy_means(insts) -> tuple[float, float]:

@@ -104,7 +104,7 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
     stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(turn_summary(result.samples, outcomes, env.stats, before))
     return RolloutBatch(samples=result.samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry,
-                        phases=[("generate", result.start_time, result.end_time)])
+                        phases=[("generate", result.start_time, result.end_time)], env_waits=result.env_waits)
 
 
 def turn_summary(samples: list[Sample], outcomes: dict[str, _Outcome], now: EnvStats, before: EnvStats) -> dict:

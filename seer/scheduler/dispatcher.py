@@ -41,6 +41,24 @@ class ChunkTicket:
     turn: int = 0  # multi-turn: turns the request had ended when this chunk was sent
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """A request a partial rollout (`RolloutDriver.run(stop_when=...)`) stopped before it finished:
+    the tokens of its completed chunks (a chunk in flight at the stop is aborted and its tokens are
+    lost) and, multi-turn, its loss mask and whether it waited for its environment. An APRIL-style
+    rollout carries it into the next iteration, whose prompt is its history."""
+
+    request_id: str
+    group_id: int
+    sample_index: int
+    response_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...] | None  # multi-turn: 1 on the model's tokens
+    turns: int  # multi-turn: model turns ended so far
+    waiting_env: bool  # multi-turn: waiting for its environment's answer (or its first turn's start)
+    instances: tuple[str, ...]  # one per completed chunk
+    aborted: bool = False  # a chunk of it was in flight at the stop (aborted, its tokens lost)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -271,6 +289,21 @@ class Dispatcher:
             prompt_tokens=len(ticket.generate.prompt_ids), migrated=ticket.migrated,
             dispatch_time=ticket.dispatch_time, complete_time=now, turn=ticket.turn, **outcome,
         )
+
+    def unfinished(self) -> list[Unfinished]:
+        """Every request not finished, as it is now (RolloutResult.unfinished; a chunk in flight is
+        not counted: a partial rollout aborts it)."""
+        out = []
+        for req in self.buffer.requests.values():
+            if req.status is RequestStatus.FINISHED:
+                continue
+            ts = self.buffer.turn_state.get(req.request_id)
+            instances = req.instances[:-1] if req.status is RequestStatus.RUNNING else req.instances
+            out.append(Unfinished(req.request_id, req.group_id, req.sample_index, tuple(req.generated_ids),
+                                  tuple(ts.loss_mask) if ts is not None else None, ts.turns if ts is not None else 0,
+                                  req.status is RequestStatus.ENV,
+                                  tuple(instances), req.status is RequestStatus.RUNNING))
+        return out
 
     def _count_failure(self, req: Request, what: str) -> None:
         req.failures += 1

@@ -19,12 +19,13 @@ from seer.types import InstanceBackend, Telemetry
 from seer.types import PromptSpec, Sample, SamplingParams
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Wait
-from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
-from seer.scheduler.events import ChunkEvent, Progress
+from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError, Unfinished
+from seer.scheduler.events import ChunkEvent, EnvWait, Progress
 from seer.scheduler.policies import LengthKey
 from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 SampleCallback = Callable[[Sample], Awaitable[None] | None]
+StopCallback = Callable[[Sequence[Sample]], bool]
 TurnCallback = Callable[[TurnEnd], Awaitable[TurnReply]]
 ProgressCallback = Callable[[Progress], None]
 
@@ -43,6 +44,9 @@ class RolloutResult:
     end_time: float
     policy_summary: dict = field(default_factory=dict)
     dropped: list[tuple[str, str, float]] = field(default_factory=list)  # (instance, why, when): lost mid-run
+    # A partial rollout (`stop_when`): the requests it stopped before they finished, as they were
+    unfinished: list[Unfinished] = field(default_factory=list)
+    env_waits: list[EnvWait] = field(default_factory=list)  # multi-turn: every wait for an environment
 
     @property
     def wall_s(self) -> float:
@@ -120,6 +124,7 @@ class RolloutDriver:
         on_progress: ProgressCallback | None = None,
         turns: TurnSplitter | None = None,
         on_turn_end: TurnCallback | None = None,
+        stop_when: StopCallback | None = None,
     ) -> RolloutResult:
         """Generate `group_size` samples of every prompt; returns when all are finished.
 
@@ -131,6 +136,11 @@ class RolloutDriver:
         each turn, `on_turn_end` runs as a task (the environment's work) while the request holds
         no instance slot and other chunks go on; its TurnReply continues or finishes the request.
         It must not raise: an environment's errors are its replies.
+
+        `stop_when` (partial rollout, as APRIL over-issues and keeps the first that finish): called
+        with the samples finished so far after each one finishes; once it returns True the rollout
+        ends there, chunks in flight are aborted and environment calls cancelled, and the requests
+        left are returned in `RolloutResult.unfinished`.
         """
         if (turns is None) != (on_turn_end is None):
             raise ValueError("multi-turn rollout needs both turns and on_turn_end")
@@ -159,19 +169,29 @@ class RolloutDriver:
         self._heard = {name: start for name in self.backends}  # last sign of life per instance
         pending: dict[asyncio.Task, ChunkTicket] = {}
         env_tasks: dict[asyncio.Task, TurnEnd] = {}
+        env_started: dict[asyncio.Task, float] = {}
+        env_waits: list[EnvWait] = []
         callbacks: list[asyncio.Task] = []
 
+        stopped = False
+
         def finished(sample: Sample | None) -> None:
-            if sample is not None and on_sample_finished is not None:
+            nonlocal stopped
+            if sample is None:
+                return
+            if on_sample_finished is not None:
                 out = on_sample_finished(sample)
                 if inspect.isawaitable(out):
                     callbacks.append(asyncio.ensure_future(out))
+            if stop_when is not None and not stopped:
+                stopped = stop_when(disp.samples)
 
         poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
         try:
-            while not disp.done:
+            while not disp.done and not stopped:
                 for turn_end in disp.take_turn_ends():
-                    env_tasks[asyncio.ensure_future(on_turn_end(turn_end))] = turn_end
+                    env_task = asyncio.ensure_future(on_turn_end(turn_end))
+                    env_tasks[env_task], env_started[env_task] = turn_end, self.clock()
                 while True:
                     decision = disp.next_decision()
                     if isinstance(decision, Wait):
@@ -189,7 +209,11 @@ class RolloutDriver:
                     self._drop_hung(disp, pending)
                     continue
                 for task in sorted((t for t in done if t in env_tasks), key=lambda t: env_tasks[t].request.seq):
-                    finished(disp.resume(env_tasks.pop(task), task.result(), self.clock()))
+                    turn_end, now = env_tasks.pop(task), self.clock()
+                    r = turn_end.request
+                    env_waits.append(EnvWait(r.request_id, r.group_id, r.sample_index, turn_end.turn, r.last_instance,
+                                             env_started.pop(task), now))
+                    finished(disp.resume(turn_end, task.result(), now))
                 done = {t for t in done if t in pending}
                 # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
                 for task in sorted(done, key=lambda t: pending[t].request.seq):
@@ -231,6 +255,8 @@ class RolloutDriver:
             end_time=end,
             policy_summary=policy.summary(),
             dropped=list(disp.dropped),
+            unfinished=disp.unfinished(),
+            env_waits=env_waits,
         )
 
     async def _instance_lost(self, disp: Dispatcher, name: str, error: BaseException | None) -> bool:

@@ -36,6 +36,21 @@ class ChunkEvent:
 
 
 @dataclass(frozen=True)
+class EnvWait:
+    """Multi-turn: one stretch a trajectory waited for its environment (a tool call, or its reset), holding
+    no instance slot. `instance` ran its last turn (None before its first): under session-sticky
+    routing the engine its next turn must come back to."""
+
+    request_id: str
+    group_id: int
+    sample_index: int
+    turn: int  # the model turns it had ended (0: before its first turn)
+    instance: str | None
+    dispatch_time: float  # scheduler clock, as a chunk's: when the wait began
+    complete_time: float  # when the environment's answer was fed back
+
+
+@dataclass(frozen=True)
 class Progress:
     finished: int
     total: int

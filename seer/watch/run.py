@@ -100,6 +100,7 @@ class RunWatch:
             trace = build_trace(batch.chunks, batch.telemetry, [*self.phases, *batch.phases],
                                 instances=[i["name"] for i in record.get("instances") or []], dropped=dropped,
                                 nodes=record.get("instance_nodes"), ranks=self._rank_slices(record),
+                                waits=batch.env_waits,
                                 metadata={"iteration": iteration, "policy": record.get("policy"),
                                           "weight_version": record.get("weight_version")})
             write_trace(trace_path(rollout_file), trace)

@@ -5,7 +5,9 @@ Tracks: a "driver" process with the iteration's phases (rollout, reward tail, tr
 push, checkpoint), a "trainer" process with a thread per rank (its train step), and one process per instance whose threads are lanes of concurrent chunks (a
 thread's slices must nest, and chunks on one instance overlap), with counter tracks for its KV
 usage, running and waiting requests and, when speculating, its acceptance length. One slice per
-chunk: request, group, tokens, migrated or not, prefix tokens from the cache/pool vs recomputed.
+chunk: request, group, turn, tokens, migrated or not, prefix tokens from the cache/pool vs recomputed.
+Multi-turn rollouts add tool-wait slices (a trajectory waiting for its environment) in lanes of
+their own under the instance its last turn ran on ("tool waits N" threads, category "tool_wait").
 The simulator (bench.sim) writes the same format from its own chunk events.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from seer.rundir import atomic_write_text
 
 DRIVER_PID = 0
+WAIT_TID = 100_000  # tool-wait lanes of an instance come after its chunk lanes
 
 
 def _us(t: float, t0: float) -> float:
@@ -54,6 +57,7 @@ def _lanes(chunks: Sequence) -> list[int]:
 def chunk_args(c) -> dict:
     return {
         "request": c.request_id, "group": c.group_id, "sample": c.sample_index, "chunk": c.chunk_index,
+        "turn": getattr(c, "turn", 0),
         "tokens": c.new_tokens, "prompt_tokens": c.prompt_tokens, "prefix_cached": c.cached_prefix_tokens,
         "prefix_recomputed": c.prompt_tokens - c.cached_prefix_tokens, "migrated": c.migrated,
         "reason": c.reason, "finish": c.finish_reason, "kv_tokens": c.kv_tokens, "last": c.request_finished,
@@ -63,11 +67,12 @@ def chunk_args(c) -> dict:
 def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tuple[str, float, float]] = (), *,
                 instances: Sequence[str] = (), dropped: Iterable[tuple[str, str, float]] = (),
                 t0: float | None = None, metadata: dict | None = None, nodes: dict[str, str] | None = None,
-                ranks: Sequence[tuple[str, float, float]] = ()) -> dict:
+                ranks: Sequence[tuple[str, float, float]] = (), waits: Sequence = ()) -> dict:
     """The trace of one rollout from the scheduler's ChunkEvents (or anything with their fields),
     Telemetry samples and (name, start, end) phases, all on one clock in seconds. `nodes` (instance
     -> node address) names each instance's track with its node and sorts the tracks node by node;
-    `ranks` ((label, start, end) per trainer rank) are the train step's slices, a thread per rank."""
+    `ranks` ((label, start, end) per trainer rank) are the train step's slices, a thread per rank.
+    `waits` (seer.scheduler.events.EnvWait, or anything with its fields) are multi-turn tool waits."""
     starts = [c.dispatch_time for c in chunks] + [p[1] for p in phases] + [t.time for t in telemetry]
     if t0 is None:
         t0 = min(starts) if starts else 0.0
@@ -98,6 +103,17 @@ def build_trace(chunks: Sequence, telemetry: Sequence = (), phases: Iterable[tup
                            "cat": "chunk,migrated" if c.migrated else "chunk",
                            "ts": _us(c.dispatch_time, t0), "dur": round(max(0.0, c.complete_time - c.dispatch_time) * 1e6, 3),
                            "args": chunk_args(c)})
+        mine_waits = [w for w in waits if w.instance == name]
+        wait_lanes = _lanes(mine_waits)
+        for lane in sorted(set(wait_lanes)):
+            tid = WAIT_TID + lane
+            events += [_meta(pid, tid, "thread_name", f"tool waits {lane}"), _meta(pid, tid, "thread_sort_index", tid)]
+        for w, lane in zip(mine_waits, wait_lanes):
+            events.append({"ph": "X", "pid": pid, "tid": WAIT_TID + lane, "name": f"{w.request_id} tool",
+                           "cat": "tool_wait", "ts": _us(w.dispatch_time, t0),
+                           "dur": round(max(0.0, w.complete_time - w.dispatch_time) * 1e6, 3),
+                           "args": {"request": w.request_id, "group": w.group_id, "sample": w.sample_index,
+                                    "turn": w.turn}})
     prev: dict[str, object] = {}
     for t in sorted(telemetry, key=lambda t: t.time):
         pid, ts = pid_of[t.instance], _us(t.time, t0)
@@ -282,9 +298,10 @@ def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
         index = {tid: base + j for j, tid in enumerate(lanes[p])}
         for ev in evs:
             if ev["ph"] == "X" and ev["pid"] == p:
-                moved = "migrated" in ev.get("cat", "")
+                cat = ev.get("cat", "")
+                color = "black" if "migrated" in cat else "0.8" if cat == "tool_wait" else colors[k % len(colors)]
                 top.broken_barh([(ev["ts"] / 1e6, ev["dur"] / 1e6)], (index[ev["tid"]], 0.8),
-                                facecolors="black" if moved else colors[k % len(colors)], linewidth=0)
+                                facecolors=color, linewidth=0)
         row += max(1, len(lanes[p])) + 1
         ticks.append(base + len(lanes[p]) / 2)
         labels.append(f"{names[p]} ({len(lanes[p])} lanes)")
@@ -306,7 +323,7 @@ def plot_trace(trace: dict, out: str | Path, title: str | None = None) -> Path:
     ph.set_ylabel("driver", rotation=0, ha="right", va="center")
     top.set_yticks(ticks, labels)
     top.set_ylim(-1, row)
-    ph.set_title(title or "chunks per instance (black: migrated)")
+    ph.set_title(title or "chunks per instance (black: migrated, grey: tool waits)")
     kv.set_ylabel("KV usage")
     kv.set_xlabel("seconds since the iteration started")
     kv.set_ylim(0, 1)

@@ -199,3 +199,27 @@ def test_losing_every_instance_fails_the_rollout_naming_them():
     with pytest.raises(RolloutError, match="every instance is down: i0: dead.*i1: dead"):
         asyncio.run(RolloutDriver(fakes, cfg, telemetry_timeout_s=0.05).run(
             ps, group_size=4, sampling=SamplingParams(max_tokens=MAX)))
+
+
+@pytest.mark.timeout(30)
+def test_a_partial_rollout_stops_once_asked_and_returns_what_the_others_had():
+    ps = prompts(3, prompt_len=4)
+    fakes = fake_cluster(2, ps, LENGTHS, step_s=0.0002)
+    cfg = SchedulerConfig(policy="divided", chunk_size=CHUNK, kv_capacity_tokens=400, block_size=1,
+                          telemetry_interval_s=0.01)
+    calls = []
+
+    def stop_when(samples):
+        calls.append(len(samples))
+        return len(samples) >= 3
+
+    result = asyncio.run(RolloutDriver(fakes, cfg).run(ps, group_size=4, sampling=SamplingParams(max_tokens=MAX, seed=3),
+                                                       stop_when=stop_when))
+    assert calls == [1, 2, 3] and len(result.samples) == 3
+    assert len(result.unfinished) == 12 - 3
+    assert {(u.group_id, u.sample_index) for u in result.unfinished} | {
+        (s.group_id, s.sample_index) for s in result.samples} == set(LENGTHS)
+    for u in result.unfinished:  # the tokens of its completed chunks, in order; an aborted one adds none
+        assert list(u.response_ids) == [token_at(u.request_id, i) for i in range(len(u.response_ids))]
+        assert len(u.instances) == len(u.response_ids) // CHUNK + (len(u.response_ids) % CHUNK > 0)
+        assert u.loss_mask is None and u.turns == 0 and not u.waiting_env
