@@ -109,3 +109,47 @@ def ngram_accepted_at(
         d = _find_longest_matched_ngram_and_propose_tokens(tokens[: p + t], lookup_min, lookup_max, 1 << 30, k)
         out.append(accepted_prefix(d.tolist(), response[t : t + k]))
     return out
+
+
+def turns_accepted_at(
+    prompt: Sequence[int],
+    response: Sequence[int],
+    mask: Sequence[int],
+    references: Sequence[tuple[Sequence[int], Sequence[int]]],
+    params: DraftParams,
+    *,
+    observations: bool,
+    max_depth: int = 64,
+) -> list[list[int]]:
+    """Multi-turn: per model turn, the accepted draft length at each of its tokens.
+
+    `response` holds every turn and the observations between them, `mask` is 1 on the model's
+    tokens; `references` are the group's other (response, mask) pairs. With `observations` the
+    tree holds whole trajectories; without, the model's tokens only (what the proposer appends:
+    observations reach an engine inside the next turn's prompt). Either way the drafter matches the
+    request's own context, observations included (the engine's tokens), and a draft is checked
+    against the rest of its turn only (the turn ends at its stop sequence).
+    """
+    def kept(seq, m):
+        return [t for t, k in zip(seq, m) if observations or k]
+
+    tree = SuffixTree(max_depth)
+    tree.extend(tree.add_sequence(), prompt)
+    for ref, ref_mask in references:
+        tree.extend(tree.add_sequence(), kept(ref, ref_mask))
+    own = tree.add_sequence()
+    context = list(prompt)
+    out: list[list[int]] = []
+    for t, (tok, model) in enumerate(zip(response, mask)):
+        if model:
+            if t == 0 or not mask[t - 1]:
+                out.append([])
+            end = t
+            while end < len(response) and mask[end] and end - t < params.max_spec_tokens:
+                end += 1
+            paths, _ = draft(tree, context[-params.pattern_lookup_max:], params)
+            out[-1].append(max((accepted_prefix(p.tokens, response[t:end]) for p in paths), default=0))
+        if model or observations:
+            tree.extend(own, (tok,))
+        context.append(tok)
+    return out

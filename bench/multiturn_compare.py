@@ -218,6 +218,22 @@ def stream_size(s: MTSettings) -> int:
 
 async def warm_up(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: Path, progress) -> list[Trajectory]:
     """The model against the real calculator environment once: every trajectory's script."""
+    out = []
+    for x in await calculator_samples(clients, s, prompts, model_dir, kv_pool=True):
+        lat = tool_latencies(f"{s.seed}:{x.group_id}:{x.sample_index}", max(x.turns, 1), s.latency_median_s,
+                             s.latency_sigma)
+        out.append(Trajectory(x.group_id, x.sample_index, tuple(prompts[x.group_id].prompt_ids),
+                              script_from_sample(x, lat)))
+    sc = [t.script for t in out]
+    progress(f"warm-up: {len(out)} trajectories, {sum(x.model_tokens for x in sc)} model tokens, turns median "
+             f"{statistics.median(len(x.turns) for x in sc)} max {max(len(x.turns) for x in sc)}, longest "
+             f"{max(x.response_tokens for x in sc)} tokens")
+    return out
+
+
+async def calculator_samples(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: Path, *,
+                             kv_pool: bool) -> list:
+    """The model's multi-turn samples on the real calculator environment (no tool latency), by group and sample."""
     from transformers import AutoTokenizer
 
     from seer.rollout.divided import RolloutContext, RolloutRequest
@@ -229,7 +245,7 @@ async def warm_up(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: 
     env = EnvRunner("calculator", EnvConfig(mode="thread", workers=16, max_turns=32), {"latency_median_s": 0.0})
     try:
         ctx = RolloutContext(clients, SchedulerConfig(policy="context", chunk_size=s.chunk_size,
-                                                      max_running=s.max_num_seqs, kv_pool=True),
+                                                      max_running=s.max_num_seqs, kv_pool=kv_pool),
                              RewardRunner("seer.tasks.env:zero_reward"), env=env,
                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                              encode=lambda t: list(tok(t, add_special_tokens=False)["input_ids"]))
@@ -237,17 +253,7 @@ async def warm_up(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: 
             temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed)))
     finally:
         env.close()
-    out = []
-    for x in sorted(batch.samples, key=lambda x: (x.group_id, x.sample_index)):
-        lat = tool_latencies(f"{s.seed}:{x.group_id}:{x.sample_index}", max(x.turns, 1), s.latency_median_s,
-                             s.latency_sigma)
-        out.append(Trajectory(x.group_id, x.sample_index, tuple(prompts[x.group_id].prompt_ids),
-                              script_from_sample(x, lat)))
-    sc = [t.script for t in out]
-    progress(f"warm-up: {len(out)} trajectories, {sum(x.model_tokens for x in sc)} model tokens, turns median "
-             f"{statistics.median(len(x.turns) for x in sc)} max {max(len(x.turns) for x in sc)}, longest "
-             f"{max(x.response_tokens for x in sc)} tokens")
-    return out
+    return sorted(batch.samples, key=lambda x: (x.group_id, x.sample_index))
 
 
 async def _reset(clients, pooled: bool) -> None:
