@@ -29,6 +29,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,6 +119,7 @@ class SimConfig:
     policy: str
     chunked: bool
     pooled: bool
+    turn_tokens: int = 0  # context policy: a turn boundary priced in (real) tokens
 
 
 CONFIGS = (
@@ -136,6 +138,7 @@ def simulate_multiturn(aw: AgentWorkload, cfg: SimConfig, scripts: dict, setting
     cap = max(1, w.kv_capacity_tokens // u)
     max_units = w.max_tokens // u
     sched = SchedulerConfig(policy=cfg.policy, chunk_size=max(1, w.chunk_size // u) if cfg.chunked else max_units,
+                            policy_args={"turn_tokens": cfg.turn_tokens // u} if cfg.turn_tokens else {},
                             block_size=1, affinity_gap_tokens=max(1, 512 // u), kv_capacity_tokens=cap,
                             max_running=w.max_num_seqs, kv_pool=cfg.pooled)
     policy = sched.build_policy({k: s.response_tokens for k, s in scripts.items()}
@@ -230,13 +233,13 @@ def simulate_multiturn(aw: AgentWorkload, cfg: SimConfig, scripts: dict, setting
     }
 
 
-def run(aw: AgentWorkload, seeds: list[int], settings: SimSettings) -> dict:
+def run(aw: AgentWorkload, seeds: list[int], settings: SimSettings, configs: Sequence[SimConfig] = CONFIGS) -> dict:
     per_seed = []
     for seed in seeds:
         scripts = aw.scripts(seed)
-        per_seed.append({c.name: simulate_multiturn(aw, c, scripts, settings) for c in CONFIGS})
+        per_seed.append({c.name: simulate_multiturn(aw, c, scripts, settings) for c in configs})
     rows = {}
-    for c in CONFIGS:
+    for c in configs:
         rs = [p[c.name] for p in per_seed]
         ratios = [p[c.name]["tokens_per_s"] / p["sticky"]["tokens_per_s"] for p in per_seed]
         rows[c.name] = {**{k: (statistics.mean(r[k] for r in rs) if isinstance(rs[0][k], (int, float)) else rs[0][k])
@@ -282,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; each draws the trajectories anew")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="an AgentWorkload field (instances=16, tool_latency_s=0.1, ...); needs --tag")
+    ap.add_argument("--turn-tokens", type=int, default=0,
+                    help="also Seer with turns in its group estimate, each priced at this many tokens; needs --tag")
     ap.add_argument("--tag", default=None, help="write sim_multiturn_TAG.* instead")
     ap.add_argument("--out", default="bench/results/sim", help="directory for the results' JSON and markdown")
     args = ap.parse_args(argv)
@@ -292,12 +297,16 @@ def main(argv: list[str] | None = None) -> int:
         if k not in fields or not v:
             ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
         over[k] = type(getattr(AgentWorkload(), k))(v)
-    if over and not args.tag:
-        ap.error("--set changes the workload: give the run a --tag so it does not overwrite the recorded results")
+    if (over or args.turn_tokens) and not args.tag:
+        ap.error("--set and --turn-tokens change the run: give it a --tag so it does not overwrite the recorded results")
+    configs = list(CONFIGS)
+    if args.turn_tokens:
+        configs.insert(2, SimConfig("seer_turns", f"Seer, a turn priced at {args.turn_tokens} tokens in the estimate",
+                                    "context", chunked=True, pooled=True, turn_tokens=args.turn_tokens))
     aw = AgentWorkload(**over)
     settings = SimSettings(step=load().model, acceptance=AcceptanceTable.paper(), roofline=True, chunk_cost=GPU_CLUSTER)
     command = " ".join(["python -m bench.sim.multiturn", *(sys.argv[1:] if argv is None else argv)])
-    result = run(aw, [int(s) for s in args.seeds.split(",")], settings)
+    result = run(aw, [int(s) for s in args.seeds.split(",")], settings, configs)
     result["command"] = command
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ class Request:
     first_start: float | None = None
     last_finish: float | None = None
     failures: int = 0
+    turns: int = 0  # multi-turn: model turns ended so far (the policies' view of TurnState.turns)
 
     @property
     def generated(self) -> int:
@@ -206,6 +207,7 @@ class RequestBuffer:
         self.num_running -= 1
         if turn_over:
             ts.turns += 1
+            req.turns = ts.turns
             req.status = RequestStatus.ENV
         else:
             req.status = RequestStatus.READY

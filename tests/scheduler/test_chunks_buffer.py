@@ -107,4 +107,5 @@ def test_request_carries_no_length_it_could_not_know():
     assert fields == {
         "request_id", "group_id", "sample_index", "prompt_ids", "max_tokens", "seq", "status",
         "generated_ids", "logprobs", "instances", "finish_reason", "first_start", "last_finish", "failures",
+        "turns",  # turns ended so far: known, like generated_ids
     }

@@ -55,6 +55,38 @@ def test_largest_group_estimate_next_and_unknown_counts_as_maximum():
     assert drain(p) == ["g2-s1", "g1-s1", "g0-s1"]
 
 
+@pytest.mark.parametrize("turn_tokens, order", [(0, ["g1-s1", "g0-s1"]), (64, ["g0-s1", "g1-s1"])])
+def test_multi_turn_estimate_prices_turns_in_tokens(turn_tokens, order):
+    """Group 0's finished trajectory: 300 tokens over 6 turns; group 1's: 500 tokens in 1 turn.
+    By tokens group 1 is longer; with each turn worth 64 tokens group 0 is (300 + 6 x 64 > 500 + 64)."""
+    p = ContextAware(chunk_size=100, placement=CFG, turn_tokens=turn_tokens)
+    for g, length, turns in ((0, 300, 6), (1, 500, 1)):
+        p.on_ready(request(g, 0))
+        p.on_dispatched(Dispatch(request(g, 0), "i0", 1, 1, "probe"))
+        probe = finished(request(g, 0), length)
+        probe.turns = turns
+        p.on_finished(probe)
+    for g in (0, 1):
+        p.on_ready(request(g, 1))
+    assert (p.turns_estimate(0), p.turns_estimate(1)) == (6, 1)
+    assert drain(p) == order
+
+
+def test_a_partial_trajectory_with_more_turns_raises_its_groups_priority():
+    p = ContextAware(chunk_size=100, placement=CFG, turn_tokens=64)
+    for g, length in ((0, 400), (1, 500)):
+        p.on_ready(request(g, 0))
+        p.on_dispatched(Dispatch(request(g, 0), "i0", 1, 1, "probe"))
+        p.on_finished(finished(request(g, 0), length))
+    waiting = [request(0, 1), request(1, 1)]
+    for r in waiting:
+        p.on_ready(r)
+    back = request(0, 2, generated=100)
+    back.turns = 3  # a sibling back from its third tool call: group 0 is now 400 + 3 x 64 > 500
+    p.on_ready(back)
+    assert drain(p) == ["g0-s2", "g0-s1", "g1-s1"]
+
+
 def test_estimate_updates_on_each_finish_and_reorders_waiting_requests():
     p = ContextAware(chunk_size=100, placement=CFG)
     a, b = request(0, 1), request(1, 1)

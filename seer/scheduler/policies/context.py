@@ -15,6 +15,12 @@ request's decode time plus one re-admission per chunk. It also keeps the request
 in its instance's prefix cache. (Fresh requests first put every continuation behind all
 not-yet-started work, and the longest requests waited in the buffer at each chunk boundary.)
 
+Multi-turn: a trajectory's length is its tokens (the model's and the observations') and its
+turns, each of which also waits for a tool and comes back through the buffer. A group's estimate
+is then L_g + `turn_tokens` x T_g, T_g its most turns of a finished trajectory (raised to any
+longer partial one): `turn_tokens` prices a turn boundary in decode tokens (default 0: tokens
+only). Single-turn requests have no turns, so their order is L_g's whatever the setting.
+
 Two options, off by default because they did not pay on the default long-tail workload
 (docs/bench.md, "The default long-tail workload"):
 
@@ -49,6 +55,9 @@ from seer.scheduler.policies.index import PriorityIndex
 class ContextAware(Policy):
     name = "context"
     config_keys = ("starvation_after", "starvation_every", "early_packing", "continuations_first", "engine_priority")
+    # A turn boundary in decode tokens (policy_args: {turn_tokens: N}); 0, tokens only, until a
+    # real multi-turn comparison shows a value that pays (docs/bench.md, "Multi-turn").
+    TURN_TOKENS = 0
 
     def __init__(
         self,
@@ -60,6 +69,7 @@ class ContextAware(Policy):
         early_packing: bool = False,
         continuations_first: bool = False,
         engine_priority: bool = False,
+        turn_tokens: int = TURN_TOKENS,
     ) -> None:
         """Starvation guard: at most every `starvation_every`-th dispatch goes to the request that
         has waited longest, once it has been passed over by `starvation_after` dispatches.
@@ -71,6 +81,9 @@ class ContextAware(Policy):
         super().__init__(chunk_size, placement)
         if starvation_after <= 0 or starvation_every <= 0:
             raise ValueError("starvation_after and starvation_every must be positive")
+        if turn_tokens < 0:
+            raise ValueError("turn_tokens must be >= 0")
+        self.turn_tokens = turn_tokens
         self.starvation_after = starvation_after
         self.starvation_every = starvation_every
         self._last_guard = -starvation_every
@@ -86,6 +99,8 @@ class ContextAware(Policy):
         self._low_members: dict[int, set[Request]] = {}
         self._longest_finished: dict[int, int] = {}
         self._longest_generated: dict[int, int] = {}
+        self._most_turns_finished: dict[int, int] = {}
+        self._most_turns: dict[int, int] = {}
         self._max_tokens: dict[int, int] = {}
         self._dispatches = 0
         self._by_reason: dict[str, int] = {}
@@ -100,6 +115,14 @@ class ContextAware(Policy):
         if finished is None:
             return self._max_tokens[group_id]
         return max(finished, self._longest_generated.get(group_id, 0))
+
+    def turns_estimate(self, group_id: int) -> int:
+        """T_g: the most turns of a finished trajectory, raised to any partial one's (0 single-turn)."""
+        return max(self._most_turns_finished.get(group_id, 0), self._most_turns.get(group_id, 0))
+
+    def priority(self, group_id: int) -> int:
+        """The group's length for longest-first: L_g, plus its turns priced in tokens."""
+        return self.estimate(group_id) + self.turn_tokens * self.turns_estimate(group_id)
 
     def reserve_tokens(self, req: Request, max_tokens: int) -> int:
         """Early packing: what the next chunk is expected to generate (see the module docstring)."""
@@ -122,8 +145,8 @@ class ContextAware(Policy):
 
     def _low_key(self, req: Request) -> tuple:
         if self.continuations_first:
-            return (req.generated == 0, -self.estimate(req.group_id), -req.generated)
-        return (-self.estimate(req.group_id), -req.generated)
+            return (req.generated == 0, -self.priority(req.group_id), -req.generated)
+        return (-self.priority(req.group_id), -req.generated)
 
     def _rekey_group(self, group_id: int) -> None:
         for member in self._low_members.get(group_id, ()):
@@ -132,10 +155,11 @@ class ContextAware(Policy):
     def _observe(self, req: Request) -> None:
         g = req.group_id
         self._max_tokens.setdefault(g, req.max_tokens)
-        if req.generated > self._longest_generated.get(g, 0):
-            self._longest_generated[g] = req.generated
-            if g in self._longest_finished:
-                self._rekey_group(g)
+        before = self.priority(g)
+        self._longest_generated[g] = max(req.generated, self._longest_generated.get(g, 0))
+        self._most_turns[g] = max(req.turns, self._most_turns.get(g, 0))
+        if self.priority(g) != before:
+            self._rekey_group(g)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -165,8 +189,10 @@ class ContextAware(Policy):
     def on_finished(self, req: Request) -> None:
         self._observe(req)
         g = req.group_id
-        if req.generated > self._longest_finished.get(g, -1):
-            self._longest_finished[g] = req.generated
+        before = self.priority(g) if g in self._longest_finished else None
+        self._most_turns_finished[g] = max(req.turns, self._most_turns_finished.get(g, 0))
+        self._longest_finished[g] = max(req.generated, self._longest_finished.get(g, -1))
+        if self.priority(g) != before:
             self._rekey_group(g)
 
     # -- the decision ------------------------------------------------------------------------
