@@ -124,32 +124,50 @@ def turns_accepted_at(
     """Multi-turn: per model turn, the accepted draft length at each of its tokens.
 
     `response` holds every turn and the observations between them, `mask` is 1 on the model's
-    tokens; `references` are the group's other (response, mask) pairs. With `observations` the
-    tree holds whole trajectories; without, the model's tokens only (what the proposer appends:
-    observations reach an engine inside the next turn's prompt). Either way the drafter matches the
-    request's own context, observations included (the engine's tokens), and a draft is checked
-    against the rest of its turn only (the turn ends at its stop sequence).
+    tokens; `references` are the group's other (response, mask) pairs. The tree holds the prompt
+    and a sequence per turn, as the proposer's one sequence per chunk does (a turn is a chunk when
+    it fits one): the turn's model tokens only, or with `observations` the observation before it
+    too. Either way the drafter matches the request's own context, observations included (the
+    engine's tokens), and a draft is checked against the rest of its turn only (the turn ends at
+    its stop sequence).
     """
-    def kept(seq, m):
-        return [t for t, k in zip(seq, m) if observations or k]
+    def segments(seq, m):
+        """(observation before, turn) pairs, in order."""
+        out, obs, i = [], [], 0
+        while i < len(seq):
+            j = i
+            while j < len(seq) and m[j] == m[i]:
+                j += 1
+            if m[i]:
+                out.append((obs, list(seq[i:j])))
+                obs = []
+            else:
+                obs = list(seq[i:j])
+            i = j
+        return out
 
     tree = SuffixTree(max_depth)
     tree.extend(tree.add_sequence(), prompt)
     for ref, ref_mask in references:
-        tree.extend(tree.add_sequence(), kept(ref, ref_mask))
-    own = tree.add_sequence()
+        for obs, turn in segments(ref, ref_mask):
+            tree.extend(tree.add_sequence(), (obs if observations else []) + turn)
     context = list(prompt)
     out: list[list[int]] = []
-    for t, (tok, model) in enumerate(zip(response, mask)):
-        if model:
-            if t == 0 or not mask[t - 1]:
-                out.append([])
-            end = t
-            while end < len(response) and mask[end] and end - t < params.max_spec_tokens:
-                end += 1
+    pos = 0
+    for obs, turn in segments(response, mask):
+        while mask[pos] == 0:  # the observation before this turn: in the engine's context
+            context.append(response[pos])
+            pos += 1
+        own = tree.add_sequence()
+        if observations and obs:
+            tree.extend(own, obs)
+        accepted = []
+        for k, tok in enumerate(turn):
+            end = min(len(turn), k + params.max_spec_tokens)
             paths, _ = draft(tree, context[-params.pattern_lookup_max:], params)
-            out[-1].append(max((accepted_prefix(p.tokens, response[t:end]) for p in paths), default=0))
-        if model or observations:
+            accepted.append(max((accepted_prefix(p.tokens, turn[k:end]) for p in paths), default=0))
             tree.extend(own, (tok,))
-        context.append(tok)
+            context.append(tok)
+            pos += 1
+        out.append(accepted)
     return out

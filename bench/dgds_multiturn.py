@@ -6,12 +6,12 @@
    one vLLM instance, multi-turn rollout at temperature 1.0 (bench.multiturn_compare's warm-up),
    cached under ~/.cache/seer/bench/ so reruns skip generation.
 2. For each trajectory, the drafter sees the group's suffix tree with n complete siblings (n = 0
-   and G-1) plus the prompt and its own tokens so far, and drafts at every model token from its
-   own context (observations included: the engine's tokens). Two trees: the model's tokens only
-   (what Seer's proposer appends: an observation reaches an engine inside the next turn's prompt,
-   which the proposer does not append) and whole trajectories with their observations. A draft is
-   checked against the rest of its turn; each step also emits the bonus token (as the paper's
-   Table 2 counts).
+   and G-1) plus the prompt and its own turns so far, a sequence per turn (the proposer's sequence
+   per chunk), and drafts at every model token from its own context (observations included: the
+   engine's tokens). Two trees: the model's tokens only (what Seer's proposer appends: an
+   observation reaches an engine inside the next turn's prompt, which the proposer does not
+   append) and each turn's sequence led by the observation before it. A draft is checked against
+   the rest of its turn; each step also emits the bonus token (as the paper's Table 2 counts).
 
 Writes bench/results/dgds_multiturn/dgds_multiturn.{json,md}.
 """
@@ -29,7 +29,7 @@ from bench.dgds_acceptance_sim import merge, replay, turns_accepted_at
 from bench.provenance import code_version
 from seer.dgds.types import DraftParams
 
-TREES = {"model tokens only (Seer's proposer)": False, "with observations": True}
+TREES = {"model tokens only (Seer's proposer)": False, "with the observations": True}
 
 
 def trajectories(model: str, n_prompts: int, group_size: int, max_tokens: int, seed: int, cache: Path) -> dict:
