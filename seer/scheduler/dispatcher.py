@@ -143,9 +143,10 @@ class Dispatcher:
         self.policy.on_dispatched(d)
         # A retried chunk keeps its index (hence its seed) but needs a fresh id on the engine.
         chunk_id = make_chunk_id(req.request_id, chunk_index, req.failures)
+        max_tokens = min(d.max_tokens, self._turn_tokens_left(req))
         sampling = replace(
             self.sampling,
-            max_tokens=d.max_tokens,
+            max_tokens=max_tokens,
             seed=chunk_seed(self.sampling.seed, req.request_id, chunk_index),
         )
         return ChunkTicket(
@@ -153,11 +154,11 @@ class Dispatcher:
             chunk_index=chunk_index,
             instance=d.instance,
             reason=d.reason,
-            max_tokens=d.max_tokens,
+            max_tokens=max_tokens,
             kv_tokens=d.kv_tokens,
             migrated=prev is not None and prev != d.instance,
             dispatch_time=now,
-            generate=GenerateRequest(chunk_id, prompt, d.max_tokens, sampling, priority=d.priority,
+            generate=GenerateRequest(chunk_id, prompt, max_tokens, sampling, priority=d.priority,
                                      stop=self.turns.stop if self.turns is not None else ()),
             turn=self._turns_of(req),
         )
@@ -224,6 +225,15 @@ class Dispatcher:
         if result.finish_reason == "abort":
             self._count_failure(req, f"aborted on {ticket.instance}")
         self.policy.on_ready(req)
+
+    def _turn_tokens_left(self, req: Request) -> int:
+        """Multi-turn with env.max_turn_tokens: what the request's turn may still generate, so that
+        an engine never generates past the turn's end (tokens the turn's cut would throw away)."""
+        ts = self.buffer.turn_state.get(req.request_id)
+        limit = self.turns.max_turn_tokens if self.turns is not None else None
+        if ts is None or limit is None:
+            return 1 << 30
+        return max(1, limit - (req.generated - ts.turn_start))
 
     def _turns_of(self, req: Request) -> int:
         ts = self.buffer.turn_state.get(req.request_id)

@@ -138,3 +138,24 @@ def test_an_observation_over_the_budget_and_the_turn_limit_end_trajectories_with
     done = run_multi_turn(EnvConfig(mode="thread", stop=("</c>",), max_turns=2), {"obs": (61,), "turns": 2})
     assert all(s.reward == 1.0 and s.reward_error is None and s.turns == 2 for s in done.samples)
     assert done.stats.num_samples == 4 and done.stats.extra["turns_mean"] == 2
+
+
+@pytest.mark.timeout(30)
+def test_no_chunk_asks_the_engine_for_more_than_its_turn_may_still_generate():
+    """With max_turn_tokens 6 and chunks of 4, a turn's second chunk asks for 2 tokens, not 4:
+    an engine never generates tokens the turn's cut would throw away."""
+    engines = [ScriptedEngine("i0")]
+    cfg = SchedulerConfig(policy="context", chunk_size=4, kv_capacity_tokens=10_000, block_size=1,
+                          telemetry_interval_s=0.01)
+
+    async def on_turn_end(end: TurnEnd) -> TurnReply:
+        return TurnReply(done=True) if end.turn == 2 else TurnReply((61,))
+
+    result = asyncio.run(RolloutDriver(engines, cfg).run(
+        prompts(1), group_size=1, sampling=SamplingParams(max_tokens=200), turns=StopMatcher([], decode, 6),
+        on_turn_end=on_turn_end))
+    (s,) = result.samples
+    assert s.turns == 2 and s.loss_mask == [0] + [1] * 6 + [0] + [1] * 6
+    asked = [r.max_tokens for r in engines[0].requests]
+    assert asked == [4, 2, 4, 2], asked
+    assert sum(c.new_tokens for c in result.chunks) == 12  # nothing generated past a turn's end

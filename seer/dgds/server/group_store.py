@@ -568,6 +568,13 @@ class GroupStore:
             idx = g.request_index.get(request_id)
             return 0 if idx is None else g.tree.seq_len(idx)
 
+    def sequence_tokens(self, group_id: str, request_id: str) -> list[int]:
+        """The tokens the server holds for one request of a live group (tests and tools)."""
+        with self._lock:
+            g = self._require([group_id], self.clock())[0]
+            idx = g.request_index.get(request_id)
+            return [] if idx is None else g.tree.seq_tokens(idx, 0, g.tree.seq_len(idx))
+
     def tree(self, group_id: str) -> SuffixTree:
         """The live tree of a group (tests and tools; do not mutate)."""
         with self._lock:
