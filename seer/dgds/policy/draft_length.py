@@ -67,8 +67,9 @@ def allocate_draft_lengths(
 
     No speculation when the budget cannot give every high-priority request one token. Otherwise
     start at (1, 0) and give one more position to the high-priority requests while
-    n_high * (beta[g_h] - beta[g_h + 1]) > lam * n_low * (beta[g_l] - beta[g_l + 1]) (the paper's
-    test, lam = 2 favouring the probes), else to the low-priority ones, until the budget or
+    lam * n_high * (beta[g_h] - beta[g_h + 1]) > n_low * (beta[g_l] - beta[g_l + 1]) (the paper's
+    test: lam weighs the probes' marginal benefit, so lam > 1 favours them, lam = 2 by default, and
+    lam = 1 is the plain comparison), else to the low-priority ones, until the budget or
     gamma_max stops both. ``beta`` must cover positions 0..gamma_max + 1 (missing tail = 0).
     """
     if n_high < 0 or n_low < 0 or budget < 0 or gamma_max < 0:
@@ -89,8 +90,8 @@ def allocate_draft_lengths(
     while True:
         can_high = g_high < gamma_max and used + n_high <= budget
         can_low = n_low > 0 and g_low < gamma_max and used + n_low <= budget
-        gain_high = n_high * (b(g_high) - b(g_high + 1))
-        gain_low = lam * n_low * (b(g_low) - b(g_low + 1))
+        gain_high = lam * n_high * (b(g_high) - b(g_high + 1))
+        gain_low = n_low * (b(g_low) - b(g_low + 1))
         if can_high and (gain_high > gain_low or not can_low):
             g_high += 1
             used += n_high
