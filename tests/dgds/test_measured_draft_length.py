@@ -103,7 +103,8 @@ def _feed(policy: AdaptiveDraftLength, truth: StepModel, beta, steps: int, rng: 
 
 def test_the_online_fit_recovers_injected_costs_and_plans_as_the_truth_would():
     rng = random.Random(3)
-    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=32, explore_every=4,
+    # (a plan per step: the recovery of the costs, not the plan cache, is under test here)
+    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=32, explore_every=4, replan_every=1,
                                  cost=StepCost(decay=0.995))
     _feed(policy, CPU, BETA, 1500, rng)
     m = policy.cost.model()
@@ -131,3 +132,22 @@ def test_exploration_drafts_for_one_or_two_rows_not_the_batch():
     explored = [p for p in plans if p.low]
     assert len(explored) == 4 and {p.max_rows for p in explored} == {1, 2}
     assert all(p == DraftLengths(0, 0) for p in plans if not p.low)
+
+
+def test_a_plan_is_computed_once_per_batch_shape_and_replan_period():
+    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=4, explore_every=10**9, replan_every=8)
+    for _ in range(40):
+        policy.record_verified(8, 8)
+        policy.record_step(40, 0.016, 8)
+        policy.record_step(32, 0.014, 0)
+    calls = []
+    import seer.dgds.policy.adaptive as adaptive
+
+    real = adaptive.plan_measured
+    adaptive.plan_measured = lambda *a: calls.append(a[:2]) or real(*a)
+    try:
+        plans = [policy.lengths(1, 3) for _ in range(16)] + [policy.lengths(0, 4)]
+    finally:
+        adaptive.plan_measured = real
+    assert calls == [(1, 3)] * 3 + [(0, 4)]  # (1, 3) at steps 1, 8 and 16, then a new shape
+    assert len(set(plans[:16])) == 1
