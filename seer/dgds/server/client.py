@@ -134,6 +134,7 @@ class DraftClient:
         default_ttl_s: float = 600.0,
         token: str | None = None,
         fetch_idle_s: float = 2.0,
+        quiet_interval_s: float = 0.25,
     ):
         """``update_batch_tokens``: a request's tokens are sent once this many are unsent (or after
         ``flush_interval_s``, or on finish_request/flush). ``fetch_interval_s``: period of the
@@ -143,6 +144,8 @@ class DraftClient:
         not fetched: its replica is brought up to date from its cursor when a draft uses it again
         (that draft wakes the thread), so neither a rollout's finished groups nor the groups of a
         bulk phase that drafts nothing cost the engine's core their fetches.
+        ``quiet_interval_s``: the thread's period while nothing was drafted here for
+        ``fetch_idle_s`` (nothing to fetch; the tokens due go out in fewer, larger messages).
         ``token``: the server's secret (default: the ``SEER_DGDS_TOKEN`` environment variable;
         none if unset)."""
         if update_batch_tokens < 1:
@@ -151,6 +154,7 @@ class DraftClient:
         self.update_batch_tokens = update_batch_tokens
         self.fetch_interval_s = fetch_interval_s
         self.fetch_idle_s = fetch_idle_s
+        self.quiet_interval_s = max(fetch_interval_s, min(quiet_interval_s, flush_interval_s))
         self.flush_interval_s = flush_interval_s
         self.rpc_timeout_s = rpc_timeout_s
         self.max_fetch_tokens = max_fetch_tokens
@@ -185,6 +189,8 @@ class DraftClient:
         self._sync_done = 0
         self._last_fetch = 0.0
         self._last_flush = time.monotonic()
+        self._last_draft = -1e18  # the last batch_speculate (monotonic)
+        self._unsent = False  # tokens appended (or made due) since _sync last looked
         self._backoff = 0.0
         self._stats = dict(update_calls=0, fetch_calls=0, tokens_sent=0, tokens_fetched=0, rpc_errors=0)
         self._thread = threading.Thread(target=self._run, name="dgds-client", daemon=True)
@@ -256,6 +262,7 @@ class DraftClient:
                 tail = _ints(ctx[len(ctx) - min(len(ctx), row.params.pattern_lookup_max):])
                 paths, match_len = draft(g.replica.tree, tail, row.params)
                 out.append(Draft(row.request_id, tuple(paths), match_len))
+        self._last_draft = now
         if stale:
             self._wake.set()
         return out
@@ -314,7 +321,8 @@ class DraftClient:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            timeout = self.fetch_interval_s if self._backoff == 0 else self._backoff
+            timeout = self._backoff or (self.fetch_interval_s if time.monotonic() - self._last_draft <= self.fetch_idle_s
+                                        else self.quiet_interval_s)
             self._wake.wait(timeout)
             self._wake.clear()
             if self._closed.is_set():
@@ -344,7 +352,13 @@ class DraftClient:
         now = time.monotonic()
         flush = force or now - self._last_flush >= self.flush_interval_s
         fetch = force or now - self._last_fetch >= self.fetch_interval_s
-        ok = self._sync(flush, fetch, every_group=force) and ok
+        # A tick with no new tokens, no flush and nothing drafted from lately has nothing to send
+        # or fetch: it skips the scan of every request (most ticks of a phase that drafts nothing).
+        if force or flush or self._unsent or fetch and now - self._last_draft <= self.fetch_idle_s:
+            self._unsent = False
+            synced = self._sync(flush, fetch, every_group=force)
+            self._unsent = self._unsent or not synced  # (what failed is tried again next tick)
+            ok = synced and ok
         if flush:
             self._last_flush = now
         if fetch:
@@ -372,9 +386,11 @@ class DraftClient:
                         g.unapplied.setdefault(rid, []).extend(tokens or ())
                     else:
                         g.replica.append_local(rid, tokens or ())
+                        self._unsent = True
                 elif kind == "finish_request":
                     if g is not None:
                         g.own.setdefault(rid, _OwnRequest()).finished = True
+                        self._unsent = True
                 elif kind == "finish_group":
                     if self._groups.pop(gid, None) is not None:
                         self._finishing.append(gid)
@@ -449,6 +465,7 @@ class DraftClient:
                     g.resume = True
                     for own in g.own.values():
                         own.acked = 0
+                    self._unsent = True
                     if g.replica is not None:
                         g.replica.reset_cursor()
         return list(lost)
@@ -513,6 +530,7 @@ class DraftClient:
             for rid, toks in g.unapplied.items():
                 g.replica.append_local(rid, toks)
             g.unapplied.clear()
+            self._unsent = True
 
     def _sync(self, flush: bool, fetch: bool, every_group: bool = False) -> bool:
         """Send the unsent tokens that are due and, if ``fetch``, fetch the increments of the groups
