@@ -115,7 +115,9 @@ def test_adaptive_lengths_run_and_the_proposers_counts_match_vllms(adaptive_vllm
     deadline = time.monotonic() + 10
     while True:
         have = {key: dgds.store.sequence_length(*key) for key in want}
-        if have == want or time.monotonic() > deadline:
+        short = {k: (have[k], n) for k, n in want.items() if have[k] < n}
+        if not short or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert have == want, {k: (have[k], n) for k, n in want.items() if have[k] != n}
+    # (at least: a last step's accepted drafts can run past max_tokens in the runner's batch)
+    assert not short, short
