@@ -36,6 +36,7 @@ ACCEPTANCE = "bench/results/dgds_acceptance/dgds_acceptance.json"
 # A recorded compare run -> the breakdown measured on its code (what grouped SD's steps cost).
 SPEC_BREAKDOWN = {
     "bench/results/compare/compare.json": "bench/results/spec_breakdown/spec_breakdown.json",
+    "bench/results/compare/sd_context/compare.json": "bench/results/spec_breakdown/spec_breakdown_lean.json",
 }
 
 
