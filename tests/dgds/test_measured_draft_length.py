@@ -151,3 +151,22 @@ def test_a_plan_is_computed_once_per_batch_shape_and_replan_period():
         adaptive.plan_measured = real
     assert calls == [(1, 3)] * 3 + [(0, 4)]  # (1, 3) at steps 1, 8 and 16, then a new shape
     assert len(set(plans[:16])) == 1
+
+
+def test_a_gain_margin_drafts_only_where_the_model_gains_that_much_and_stays_monotone():
+    rng = random.Random(11)
+    for _ in range(200):
+        model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
+                          rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
+        beta = [1.0]
+        for _ in range(9):
+            beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+        g = [best_measured_length(beta, b, model.step_time, 8, min_gain=0.1) for b in range(1, 97)]
+        assert all(x >= y for x, y in zip(g, g[1:])), (model, beta, g)
+        for b, gb in zip(range(1, 97), g):
+            if gb:
+                assert b * expected_tokens(beta, gb) / model.step_time(b, gb) >= 1.1 * b / model.step_time(b, 0)
+            else:  # no length gains 10% (the margin-free choice may still draft, for less)
+                free = best_measured_length(beta, b, model.step_time, 8)
+                assert not free or (b * expected_tokens(beta, free) / model.step_time(b, free)
+                                    < 1.1 * b / model.step_time(b, 0))

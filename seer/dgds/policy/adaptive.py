@@ -13,7 +13,7 @@ acceptance and T from the fitted step costs, a step with drafts' own fixed cost 
 Two guards keep the policy from locking itself out: until ``warmup_drafts`` drafts were verified
 it drafts ``gamma_max`` (beta is unknown, and a policy that never speculates never learns it), and
 when the cost model says "do not speculate" it still drafts, for one or two rows, every
-``explore_every`` steps, so that beta and the cost of drafting follow a policy whose outputs
+``explore_every`` (32) steps, so that beta and the cost of drafting follow a policy whose outputs
 change every iteration, at a few verified tokens per exploring step instead of a whole batch's.
 
 A plan is a function of the batch's two counts, beta and the fit, and the last two move slowly
@@ -180,8 +180,13 @@ class AdaptiveDraftLength:
     gamma_max: int = 8
     lam: float = 2.0
     warmup_drafts: int = 32
-    explore_every: int = 16
+    explore_every: int = 32
     replan_every: int = 8
+    # Draft only where the model's gain is at least this share: around break-even a drafting step
+    # loses to what the fit does not see (the drafted positions' KV on a KV-bound instance, rows
+    # that accept less than the mean, such as a rollout's longest request past its siblings; see
+    # docs/dgds.md, "Grouped SD on the ladder").
+    min_gain: float = 0.1
     acceptance: AcceptanceStats = field(default=None)  # type: ignore[assignment]
     cost: StepCost = field(default_factory=StepCost)
     _verified: int = 0
@@ -215,7 +220,8 @@ class AdaptiveDraftLength:
             self._planned_at = self._steps
         plan = self._plans.get((n_high, n_low))
         if plan is None:
-            plan = plan_measured(n_high, n_low, self.acceptance.beta, self.cost.step_time, self.gamma_max, self.lam)
+            plan = plan_measured(n_high, n_low, self.acceptance.beta, self.cost.step_time, self.gamma_max, self.lam,
+                                 self.min_gain)
             self._plans[(n_high, n_low)] = plan
         if plan.high == 0 and plan.low == 0 and self._steps % self.explore_every == 0:
             # one or two rows, not the batch: an exploring step costs a few verified tokens

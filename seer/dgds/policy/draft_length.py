@@ -108,12 +108,13 @@ def expected_tokens(beta: Sequence[float], draft_len: int) -> float:
     return 1.0 + sum(beta[i] if i < len(beta) else 0.0 for i in range(1, draft_len + 1))
 
 
-def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime, gamma_max: int) -> int:
+def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime, gamma_max: int,
+                         min_gain: float = 0.0) -> int:
     """The g in 0..gamma_max that maximises a batch's tokens per second, B x E(g) / step_time(B, g),
     from the measured acceptance profile and step costs (the draft time included); the shorter on ties.
 
-    0 unless some g emits tokens faster than not speculating, so drafting never runs where it
-    cannot pay. For step costs fixed + B x c(g) with c(g) / E(g) >= c(0) (a verified token costs at
+    0 unless some g emits tokens faster than not speculating, by more than ``min_gain`` (a share
+    of not speculating's rate), so drafting never runs where it cannot pay. For step costs fixed + B x c(g) with c(g) / E(g) >= c(0) (a verified token costs at
     least a plain row's token), the result never increases with B (docs/dgds.md has the argument).
     """
     if batch <= 0:
@@ -123,6 +124,8 @@ def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime,
         rate = batch * expected_tokens(beta, g) / step_time(batch, g)
         if rate > best_rate * (1.0 + 1e-12):
             best_g, best_rate = g, rate
+    if best_g and best_rate < batch / step_time(batch, 0) * (1.0 + min_gain):
+        return 0
     return best_g
 
 
@@ -133,12 +136,14 @@ def plan_measured(
     step_time: StepTime,
     gamma_max: int = 8,
     lam: float = 2.0,
+    min_gain: float = 0.0,
 ) -> DraftLengths:
-    """Algorithm 1 on measured costs: budget = g* x B with g* from ``best_measured_length``, shared
-    between the classes by ``allocate_draft_lengths`` (the same verified tokens, so the same step
-    cost, moved to the rows whose next position is likelier accepted, probes first)."""
+    """Algorithm 1 on measured costs: budget = g* x B with g* from ``best_measured_length`` (0
+    unless drafting beats not drafting by ``min_gain``), shared between the classes by
+    ``allocate_draft_lengths`` (the same verified tokens, so the same step cost, moved to the rows
+    whose next position is likelier accepted, probes first)."""
     batch = n_high + n_low
-    g_star = best_measured_length(beta, batch, step_time, gamma_max)
+    g_star = best_measured_length(beta, batch, step_time, gamma_max, min_gain)
     if g_star == 0:
         return DraftLengths(0, 0)
     return allocate_draft_lengths(n_high, n_low, beta, g_star * batch, gamma_max, lam)
