@@ -37,6 +37,7 @@ ACCEPTANCE = "bench/results/dgds_acceptance/dgds_acceptance.json"
 SPEC_BREAKDOWN = {
     "bench/results/compare/compare.json": "bench/results/spec_breakdown/spec_breakdown.json",
     "bench/results/compare/sd_context/compare.json": "bench/results/spec_breakdown/spec_breakdown_lean.json",
+    "bench/results/compare/sd_context_margin/compare.json": "bench/results/spec_breakdown/spec_breakdown_margin.json",
 }
 
 
