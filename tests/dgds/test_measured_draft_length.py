@@ -58,14 +58,20 @@ def test_a_drafting_steps_fixed_cost_stops_speculation_at_small_acceptance():
     assert all(best_measured_length([1.0] + [0.0] * 9, b, CPU.step_time, 8) == 0 for b in range(1, 65))
 
 
+def _random_costs(rng: random.Random) -> tuple[StepModel, list[float]]:
+    """A random step-cost model and a random non-increasing acceptance profile."""
+    model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
+                      rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
+    beta = [1.0]
+    for _ in range(9):
+        beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+    return model, beta
+
+
 def test_monotone_in_batch_for_random_costs_and_profiles():
     rng = random.Random(7)
     for _ in range(300):
-        model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
-                          rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
-        beta = [1.0]
-        for _ in range(9):
-            beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+        model, beta = _random_costs(rng)
         g = [best_measured_length(beta, b, model.step_time, 8) for b in range(1, 97)]
         assert all(x >= y for x, y in zip(g, g[1:])), (model, beta, g)
         # with probes (one per group of 8), the draft tokens per row never increase either
@@ -156,11 +162,7 @@ def test_a_plan_is_computed_once_per_batch_shape_and_replan_period():
 def test_a_gain_margin_drafts_only_where_the_model_gains_that_much_and_stays_monotone():
     rng = random.Random(11)
     for _ in range(200):
-        model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
-                          rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
-        beta = [1.0]
-        for _ in range(9):
-            beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+        model, beta = _random_costs(rng)
         g = [best_measured_length(beta, b, model.step_time, 8, min_gain=0.1) for b in range(1, 97)]
         assert all(x >= y for x, y in zip(g, g[1:])), (model, beta, g)
         for b, gb in zip(range(1, 97), g):
