@@ -38,6 +38,7 @@ SPEC_BREAKDOWN = {
     "bench/results/compare/compare.json": "bench/results/spec_breakdown/spec_breakdown.json",
     "bench/results/compare/sd_context/compare.json": "bench/results/spec_breakdown/spec_breakdown_lean.json",
     "bench/results/compare/sd_context_margin/compare.json": "bench/results/spec_breakdown/spec_breakdown_margin.json",
+    "bench/results/compare/sd_context_margin5/compare.json": "bench/results/spec_breakdown/spec_breakdown_margin.json",
 }
 
 

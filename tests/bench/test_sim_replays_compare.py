@@ -23,8 +23,9 @@ def test_the_simulator_orders_a_recorded_real_ladder_as_it_was_measured(path):
 # bench/results/compare/sd_context (SPEC_BREAKDOWN has it): simulated 1.12x of context against the
 # measured 0.91x; the simulated SD never loses in the bulk (its Algorithm 1 stops drafting where the
 # breakdown's costs say it cannot pay), the real one, which drafted around break-even then, did
-# (docs/dgds.md, "Grouped SD on the ladder"). Its successor, with the policy's 10% margin, is in.
-PREDICTED_SD = ["bench/results/compare/compare.json", "bench/results/compare/sd_context_margin/compare.json"]
+# (docs/dgds.md, "Grouped SD on the ladder"). Its successors, with the policy's 10% margin, are in.
+PREDICTED_SD = ["bench/results/compare/compare.json", "bench/results/compare/sd_context_margin/compare.json",
+                "bench/results/compare/sd_context_margin5/compare.json"]
 
 
 @pytest.mark.parametrize("path", PREDICTED_SD)
