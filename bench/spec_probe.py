@@ -222,8 +222,8 @@ class _RunnerProbe:
         probe = self
         inner = drafter._lengths
 
-        def lengths(ready):
-            plan = inner(ready)
+        def lengths(*a):
+            plan = inner(*a)
             if probe.forced is not None:
                 from seer.dgds.policy.draft_length import DraftLengths
 

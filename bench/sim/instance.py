@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 
 from seer.scheduler.dispatcher import ChunkTicket
 
-from bench.sim.speculation import DRAFT_US_PER_TOKEN, attention_multiplier, plan
+from bench.sim.speculation import DRAFT_US_PER_TOKEN, SpecCost, attention_multiplier, plan
 from bench.sim.step_model import StepModel
 
 EPS = 1e-9
@@ -128,6 +128,7 @@ class SimInstance:
     local_share: float = 1.0  # DP: share of a position's compute on its own rank (the rest: experts)
     ridge_positions: float = math.inf  # query positions per request beyond which attention is compute-bound
     alltoall_per_position_s: float = 0.0  # expert-parallel dispatch + combine per position on a rank (real s)
+    spec_cost: SpecCost = SpecCost()  # what verifying drafts adds (bench.sim.speculation.SpecCost)
     pool_vs_prefill: float = POOL_VS_PREFILL
     # vLLM's --scheduling-policy: False: fcfs (priorities ignored), True: priority (see the module docstring)
     priority_scheduling: bool = False
@@ -193,6 +194,7 @@ class SimInstance:
         st, unit, r = self.step, self.unit, self.ranks
         total_positions = 0.0
         worst_cost, worst_growth, any_active = -1.0, 0.0, False
+        total_drafted = 0
         # The rank's own planner prices its batch as if every rank had the same (the instance's
         # step model at r times the rank's batch).
         a2a = self.alltoall_per_position_s
@@ -219,7 +221,8 @@ class SimInstance:
                 ctx = sum(s.context for s in active)
                 high = [s.accept for s in active if s.probe]
                 low = [s.accept for s in active if not s.probe]
-                g = plan(plan_step, unit, ctx, high, low, self.gamma_max, ridge_positions=self.ridge_positions)
+                g = plan(plan_step, unit, ctx, high, low, self.gamma_max, ridge_positions=self.ridge_positions,
+                         spec=self.spec_cost)
                 positions = drafted = 0
                 attn_ctx = rate_attn = 0.0
                 for s in active:
@@ -231,6 +234,7 @@ class SimInstance:
                     attn_ctx += s.context * s.attn
                     rate_attn += s.rate * s.attn
             total_positions += positions
+            total_drafted += drafted
             # Algorithm 1 weighed the drafting time; the step pays it too (the lookup precedes the forward).
             cost = ((self.local_share * r * st.per_token_s + a2a) * positions + r * st.per_context_s * attn_ctx * unit
                     + drafted * DRAFT_US_PER_TOKEN)
@@ -242,8 +246,10 @@ class SimInstance:
             return
         # With one rank: fixed + per_token x positions + per_context x context (x attention) + drafting.
         # MoE: the routed experts' weights are read for the experts the step's positions touch.
+        # Verifying drafts: what `spec_cost` adds to the drafted positions' price (0 on the roofline).
         self._step_s = unit * (st.fixed_s + st.experts_read_s(total_positions)
-                               + (1.0 - self.local_share) * st.per_token_s * total_positions + worst_cost)
+                               + (1.0 - self.local_share) * st.per_token_s * total_positions + worst_cost
+                               + (self.spec_cost.extra_s(st, total_drafted) if self.speculate else 0.0))
         # Every step adds `rate` units of context per request, so the step time grows by this much per step.
         self._growth = unit * r * st.per_context_s * unit * worst_growth
 

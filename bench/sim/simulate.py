@@ -29,7 +29,7 @@ from bench.sim.chunk_model import ChunkCost
 from bench.sim.hardware import MODELS, alltoall_per_position_s, attention_ridge_positions, dp_local_share
 from bench.sim.hardware import roofline as roofline_step
 from bench.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
-from bench.sim.speculation import AcceptanceTable
+from bench.sim.speculation import AcceptanceTable, SpecCost
 from bench.sim.step_model import StepModel
 from bench.workloads import LengthKey, Workload
 
@@ -52,6 +52,9 @@ class SimSettings:
     # SchedulerConfig fields set for every configuration (`python -m bench.sim --sched FIELD=VALUE`),
     # e.g. (("early_packing", True),): options a policy does not take are ignored by it.
     scheduler: tuple[tuple[str, object], ...] = ()
+    # What verifying drafts costs (bench.sim.speculation.SpecCost): the roofline's for the paper's
+    # scenarios, this machine's measured breakdown for a replay of a run here (replay_compare).
+    spec_cost: SpecCost = SpecCost()
 
     def instance_step(self, workload: Workload) -> StepModel:
         """The step model of one of `workload`'s instances."""
@@ -218,6 +221,7 @@ def make_instances(workload: Workload, settings: SimSettings, names: list[str], 
                            local_share=settings.local_share(workload),
                            ridge_positions=settings.attention_ridge(workload),
                            alltoall_per_position_s=settings.alltoall_per_position(workload),
+                           spec_cost=settings.spec_cost,
                            pool_vs_prefill=settings.pool_vs_prefill,
                            chunk_latency_s=settings.chunk_cost.latency_s,
                            chunk_instance_s=settings.chunk_cost.instance_s,

@@ -240,6 +240,36 @@ def test_speculative_step_pays_its_drafting_time():
     assert inst._step_s == pytest.approx(step.step_s(positions, 40) + drafted * DRAFT_US_PER_TOKEN, rel=1e-9)
 
 
+def test_speculative_step_pays_what_its_spec_cost_says_verifying_adds():
+    from bench.sim.speculation import SpecCost
+
+    step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=0.0, prefill_per_token_s=0.0)
+    assert SpecCost.roofline().extra_s(step, 12) == 0.0  # the paper's: a drafted position is a position
+    cost = SpecCost(verify_token=0.02, spec_fixed=0.1, zero_draft=0.05)
+    inst, seqs = _speculating(step, 10_000, 10, 0.6, spec_cost=cost)
+    drafted = sum(_draft_len(s) for s in seqs)
+    assert drafted > 0
+    positions = sum(_draft_len(s) + 1 for s in seqs)
+    extra = step.fixed_s * (0.05 + 0.1) + drafted * (0.02 * step.fixed_s - step.per_token_s)
+    assert inst._step_s == pytest.approx(step.step_s(positions, 40) + drafted * DRAFT_US_PER_TOKEN + extra, rel=1e-9)
+    # a drafted token as dear as a third of the step: Algorithm 1 drafts nothing, the step still
+    # pays the speculating instance's own cost
+    inst, seqs = _speculating(step, 10_000, 10, 0.6, spec_cost=SpecCost(verify_token=0.34, zero_draft=0.05))
+    assert all(_draft_len(s) == 0 for s in seqs)
+    assert inst._step_s == pytest.approx(step.step_s(4, 40) + 0.05 * step.fixed_s, rel=1e-9)
+
+
+def test_the_measured_spec_cost_is_the_recorded_breakdowns_fit():
+    from bench.sim.speculation import SpecCost, fit_breakdown
+
+    path = "bench/results/spec_breakdown/spec_breakdown_fixed.json"
+    f, c, sf, v, z = fit_breakdown(path)
+    assert 5e-3 < f < 12e-3 and 0.1e-3 < c < 0.3e-3  # ~8 ms fixed, ~0.2 ms per verified token
+    cost = SpecCost.measured(path)
+    assert cost.verify_token == pytest.approx((c + v) / f) and cost.spec_fixed == pytest.approx(sf / f)
+    assert cost.zero_draft == pytest.approx(z / f)
+
+
 def _draft_len(seq: SimSeq) -> int:
     """The draft length behind a speculating request's rate (1 - a^(g+1)) / (1 - a)."""
     return next(g for g in range(9) if tokens_per_step(seq.accept, g) == pytest.approx(seq.rate))

@@ -46,15 +46,22 @@ def test_budget_below_high_priority_count_means_no_speculation():
 
 
 def test_probes_get_priority_while_their_marginal_benefit_wins():
-    # 2 probes vs 30 others: probes get positions first only while 2*(drop) > 2*30*(drop)
+    # 2 probes vs 30 others: probes get positions first only while 2*2*(drop) > 30*(drop)
     out = allocate_draft_lengths(2, 30, BETA, budget=200, gamma_max=8, lam=2.0)
     assert out.high >= 1 and out.low >= 1
     assert 2 * out.high + 30 * out.low <= 200
     # with no low-priority requests, probes take everything up to gamma_max
     assert allocate_draft_lengths(4, 0, BETA, budget=1000) == DraftLengths(8, 0)
-    # a huge lambda sends the budget left after the probes' first token to the others first
-    assert allocate_draft_lengths(4, 4, BETA, budget=4 + 4 * 8, lam=1e9) == DraftLengths(1, 8)
-    assert allocate_draft_lengths(4, 4, BETA, budget=4 + 4 * 8, lam=0.0) == DraftLengths(8, 1)
+    # a huge lambda sends the budget to the probes first; lambda 0 sends what is left after the
+    # probes' first token to the others first
+    assert allocate_draft_lengths(4, 4, BETA, budget=4 + 4 * 8, lam=1e9) == DraftLengths(8, 1)
+    assert allocate_draft_lengths(4, 4, BETA, budget=4 + 4 * 8, lam=0.0) == DraftLengths(1, 8)
+
+
+def test_a_larger_lambda_never_gives_the_probes_fewer_positions():
+    for nh, nl, budget in ((2, 30, 200), (3, 12, 60), (1, 7, 40), (4, 4, 36)):
+        highs = [allocate_draft_lengths(nh, nl, BETA, budget, 8, lam).high for lam in (0.5, 1.0, 2.0, 4.0, 16.0)]
+        assert highs == sorted(highs), (nh, nl, budget, highs)
 
 
 def test_allocation_follows_the_marginal_test_step_by_step():
@@ -64,7 +71,7 @@ def test_allocation_follows_the_marginal_test_step_by_step():
     while True:
         ch = g_h < gmax and used + nh <= budget
         cl = g_l < gmax and used + nl <= budget
-        if ch and (nh * (BETA[g_h] - BETA[g_h + 1]) > lam * nl * (BETA[g_l] - BETA[g_l + 1]) or not cl):
+        if ch and (lam * nh * (BETA[g_h] - BETA[g_h + 1]) > nl * (BETA[g_l] - BETA[g_l + 1]) or not cl):
             g_h, used = g_h + 1, used + nh
         elif cl:
             g_l, used = g_l + 1, used + nl

@@ -58,14 +58,20 @@ def test_a_drafting_steps_fixed_cost_stops_speculation_at_small_acceptance():
     assert all(best_measured_length([1.0] + [0.0] * 9, b, CPU.step_time, 8) == 0 for b in range(1, 65))
 
 
+def _random_costs(rng: random.Random) -> tuple[StepModel, list[float]]:
+    """A random step-cost model and a random non-increasing acceptance profile."""
+    model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
+                      rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
+    beta = [1.0]
+    for _ in range(9):
+        beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+    return model, beta
+
+
 def test_monotone_in_batch_for_random_costs_and_profiles():
     rng = random.Random(7)
     for _ in range(300):
-        model = StepModel(rng.uniform(1e-3, 0.02), rng.uniform(1e-5, 5e-4), rng.uniform(0, 5e-3),
-                          rng.uniform(0, 1e-4), rng.uniform(0, 5e-5))
-        beta = [1.0]
-        for _ in range(9):
-            beta.append(beta[-1] * rng.uniform(0.3, 1.0))
+        model, beta = _random_costs(rng)
         g = [best_measured_length(beta, b, model.step_time, 8) for b in range(1, 97)]
         assert all(x >= y for x, y in zip(g, g[1:])), (model, beta, g)
         # with probes (one per group of 8), the draft tokens per row never increase either
@@ -103,7 +109,8 @@ def _feed(policy: AdaptiveDraftLength, truth: StepModel, beta, steps: int, rng: 
 
 def test_the_online_fit_recovers_injected_costs_and_plans_as_the_truth_would():
     rng = random.Random(3)
-    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=32, explore_every=4,
+    # (a plan per step: the recovery of the costs, not the plan cache, is under test here)
+    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=32, explore_every=4, replan_every=1,
                                  cost=StepCost(decay=0.995))
     _feed(policy, CPU, BETA, 1500, rng)
     m = policy.cost.model()
@@ -131,3 +138,37 @@ def test_exploration_drafts_for_one_or_two_rows_not_the_batch():
     explored = [p for p in plans if p.low]
     assert len(explored) == 4 and {p.max_rows for p in explored} == {1, 2}
     assert all(p == DraftLengths(0, 0) for p in plans if not p.low)
+
+
+def test_a_plan_is_computed_once_per_batch_shape_and_replan_period():
+    policy = AdaptiveDraftLength(gamma_max=8, warmup_drafts=4, explore_every=10**9, replan_every=8)
+    for _ in range(40):
+        policy.record_verified(8, 8)
+        policy.record_step(40, 0.016, 8)
+        policy.record_step(32, 0.014, 0)
+    calls = []
+    import seer.dgds.policy.adaptive as adaptive
+
+    real = adaptive.plan_measured
+    adaptive.plan_measured = lambda *a: calls.append(a[:2]) or real(*a)
+    try:
+        plans = [policy.lengths(1, 3) for _ in range(16)] + [policy.lengths(0, 4)]
+    finally:
+        adaptive.plan_measured = real
+    assert calls == [(1, 3)] * 3 + [(0, 4)]  # (1, 3) at steps 1, 8 and 16, then a new shape
+    assert len(set(plans[:16])) == 1
+
+
+def test_a_gain_margin_drafts_only_where_the_model_gains_that_much_and_stays_monotone():
+    rng = random.Random(11)
+    for _ in range(200):
+        model, beta = _random_costs(rng)
+        g = [best_measured_length(beta, b, model.step_time, 8, min_gain=0.1) for b in range(1, 97)]
+        assert all(x >= y for x, y in zip(g, g[1:])), (model, beta, g)
+        for b, gb in zip(range(1, 97), g):
+            if gb:
+                assert b * expected_tokens(beta, gb) / model.step_time(b, gb) >= 1.1 * b / model.step_time(b, 0)
+            else:  # no length gains 10% (the margin-free choice may still draft, for less)
+                free = best_measured_length(beta, b, model.step_time, 8)
+                assert not free or (b * expected_tokens(beta, free) / model.step_time(b, free)
+                                    < 1.1 * b / model.step_time(b, 0))

@@ -13,8 +13,13 @@ acceptance and T from the fitted step costs, a step with drafts' own fixed cost 
 Two guards keep the policy from locking itself out: until ``warmup_drafts`` drafts were verified
 it drafts ``gamma_max`` (beta is unknown, and a policy that never speculates never learns it), and
 when the cost model says "do not speculate" it still drafts, for one or two rows, every
-``explore_every`` steps, so that beta and the cost of drafting follow a policy whose outputs
+``explore_every`` (32) steps, so that beta and the cost of drafting follow a policy whose outputs
 change every iteration, at a few verified tokens per exploring step instead of a whole batch's.
+
+A plan is a function of the batch's two counts, beta and the fit, and the last two move slowly
+(exponential averages over tens of steps), so a plan is computed once per batch shape and
+``replan_every`` steps, not every step: refitting T(B, g) and evaluating every g per step was
+most of what a zero-draft step cost the proposer (docs/dgds.md, "Step breakdown").
 """
 
 from __future__ import annotations
@@ -175,11 +180,19 @@ class AdaptiveDraftLength:
     gamma_max: int = 8
     lam: float = 2.0
     warmup_drafts: int = 32
-    explore_every: int = 16
+    explore_every: int = 32
+    replan_every: int = 8
+    # Draft only where the model's gain is at least this share: around break-even a drafting step
+    # loses to what the fit does not see (the drafted positions' KV on a KV-bound instance, rows
+    # that accept less than the mean, such as a rollout's longest request past its siblings; see
+    # docs/dgds.md, "Grouped SD on the ladder").
+    min_gain: float = 0.1
     acceptance: AcceptanceStats = field(default=None)  # type: ignore[assignment]
     cost: StepCost = field(default_factory=StepCost)
     _verified: int = 0
     _steps: int = 0
+    _plans: dict = field(default_factory=dict)  # (n_high, n_low) -> plan, since step _planned_at
+    _planned_at: int = 0
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -202,7 +215,14 @@ class AdaptiveDraftLength:
         self._steps += 1
         if self._verified < self.warmup_drafts:
             return DraftLengths(self.gamma_max if n_high else 0, self.gamma_max if n_low else 0)
-        plan = plan_measured(n_high, n_low, self.acceptance.beta, self.cost.step_time, self.gamma_max, self.lam)
+        if self._steps - self._planned_at >= self.replan_every:
+            self._plans.clear()
+            self._planned_at = self._steps
+        plan = self._plans.get((n_high, n_low))
+        if plan is None:
+            plan = plan_measured(n_high, n_low, self.acceptance.beta, self.cost.step_time, self.gamma_max, self.lam,
+                                 self.min_gain)
+            self._plans[(n_high, n_low)] = plan
         if plan.high == 0 and plan.low == 0 and self._steps % self.explore_every == 0:
             # one or two rows, not the batch: an exploring step costs a few verified tokens
             rows = 1 + (self._steps // self.explore_every) % 2

@@ -67,8 +67,9 @@ def allocate_draft_lengths(
 
     No speculation when the budget cannot give every high-priority request one token. Otherwise
     start at (1, 0) and give one more position to the high-priority requests while
-    n_high * (beta[g_h] - beta[g_h + 1]) > lam * n_low * (beta[g_l] - beta[g_l + 1]) (the paper's
-    test, lam = 2 favouring the probes), else to the low-priority ones, until the budget or
+    lam * n_high * (beta[g_h] - beta[g_h + 1]) > n_low * (beta[g_l] - beta[g_l + 1]) (the paper's
+    test: lam weighs the probes' marginal benefit, so lam > 1 favours them, lam = 2 by default, and
+    lam = 1 is the plain comparison), else to the low-priority ones, until the budget or
     gamma_max stops both. ``beta`` must cover positions 0..gamma_max + 1 (missing tail = 0).
     """
     if n_high < 0 or n_low < 0 or budget < 0 or gamma_max < 0:
@@ -89,8 +90,8 @@ def allocate_draft_lengths(
     while True:
         can_high = g_high < gamma_max and used + n_high <= budget
         can_low = n_low > 0 and g_low < gamma_max and used + n_low <= budget
-        gain_high = n_high * (b(g_high) - b(g_high + 1))
-        gain_low = lam * n_low * (b(g_low) - b(g_low + 1))
+        gain_high = lam * n_high * (b(g_high) - b(g_high + 1))
+        gain_low = n_low * (b(g_low) - b(g_low + 1))
         if can_high and (gain_high > gain_low or not can_low):
             g_high += 1
             used += n_high
@@ -107,12 +108,13 @@ def expected_tokens(beta: Sequence[float], draft_len: int) -> float:
     return 1.0 + sum(beta[i] if i < len(beta) else 0.0 for i in range(1, draft_len + 1))
 
 
-def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime, gamma_max: int) -> int:
+def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime, gamma_max: int,
+                         min_gain: float = 0.0) -> int:
     """The g in 0..gamma_max that maximises a batch's tokens per second, B x E(g) / step_time(B, g),
     from the measured acceptance profile and step costs (the draft time included); the shorter on ties.
 
-    0 unless some g emits tokens faster than not speculating, so drafting never runs where it
-    cannot pay. For step costs fixed + B x c(g) with c(g) / E(g) >= c(0) (a verified token costs at
+    0 unless some g emits tokens faster than not speculating, by more than ``min_gain`` (a share
+    of not speculating's rate), so drafting never runs where it cannot pay. For step costs fixed + B x c(g) with c(g) / E(g) >= c(0) (a verified token costs at
     least a plain row's token), the result never increases with B (docs/dgds.md has the argument).
     """
     if batch <= 0:
@@ -122,6 +124,8 @@ def best_measured_length(beta: Sequence[float], batch: int, step_time: StepTime,
         rate = batch * expected_tokens(beta, g) / step_time(batch, g)
         if rate > best_rate * (1.0 + 1e-12):
             best_g, best_rate = g, rate
+    if best_g and best_rate < batch / step_time(batch, 0) * (1.0 + min_gain):
+        return 0
     return best_g
 
 
@@ -132,12 +136,14 @@ def plan_measured(
     step_time: StepTime,
     gamma_max: int = 8,
     lam: float = 2.0,
+    min_gain: float = 0.0,
 ) -> DraftLengths:
-    """Algorithm 1 on measured costs: budget = g* x B with g* from ``best_measured_length``, shared
-    between the classes by ``allocate_draft_lengths`` (the same verified tokens, so the same step
-    cost, moved to the rows whose next position is likelier accepted, probes first)."""
+    """Algorithm 1 on measured costs: budget = g* x B with g* from ``best_measured_length`` (0
+    unless drafting beats not drafting by ``min_gain``), shared between the classes by
+    ``allocate_draft_lengths`` (the same verified tokens, so the same step cost, moved to the rows
+    whose next position is likelier accepted, probes first)."""
     batch = n_high + n_low
-    g_star = best_measured_length(beta, batch, step_time, gamma_max)
+    g_star = best_measured_length(beta, batch, step_time, gamma_max, min_gain)
     if g_star == 0:
         return DraftLengths(0, 0)
     return allocate_draft_lengths(n_high, n_low, beta, g_star * batch, gamma_max, lam)

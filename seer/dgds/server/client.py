@@ -7,7 +7,8 @@ Decoding must never wait on the draft server, so the caller-facing methods only 
   local replica of each group, and every cycle sends one packed message on a long-lived stream
   (the server's sync lane, plain TCP, where it has one; else ``SyncStream``): the requests' unsent
   tokens in batches of ``update_batch_tokens`` per request, and, every ``fetch_interval_s``, the
-  fetch of all its groups' increments (the other instances' tokens) in the same message.
+  fetch of the increments (the other instances' tokens) of the groups it drafted from lately, in
+  the same message.
 * ``batch_speculate(rows)`` drafts for many requests at once from the local replicas: no RPC.
 
 If the server is unreachable, groups stay unregistered (no replica) and speculation returns empty
@@ -75,6 +76,7 @@ class _Group:
     unapplied: dict[str, list[int]] = field(default_factory=dict)  # own tokens awaiting a replica
     own: dict[str, _OwnRequest] = field(default_factory=dict)
     finish_on_server: bool = False
+    drafted: float = -1e18  # last batch_speculate for one of its requests (monotonic seconds)
 
 
 class _Stream:
@@ -132,13 +134,18 @@ class DraftClient:
         default_ttl_s: float = 600.0,
         token: str | None = None,
         fetch_idle_s: float = 2.0,
+        quiet_interval_s: float = 0.25,
     ):
         """``update_batch_tokens``: a request's tokens are sent once this many are unsent (or after
         ``flush_interval_s``, or on finish_request/flush). ``fetch_interval_s``: period of the
-        incremental fetch of the registered groups that are in use here: a group with a request of
-        this instance still running, or appended to or registered in the last ``fetch_idle_s``
-        (a finished group's replica is brought up to date from its cursor when it is used again,
-        so the fetch of a rollout's finished groups stops costing the engine's core).
+        incremental fetch of the registered groups drafted from in the last ``fetch_idle_s``
+        (``sync`` fetches every group in use: one with a request of this instance still running,
+        or appended to or registered in the last ``fetch_idle_s``). A group nobody drafts from is
+        not fetched: its replica is brought up to date from its cursor when a draft uses it again
+        (that draft wakes the thread), so neither a rollout's finished groups nor the groups of a
+        bulk phase that drafts nothing cost the engine's core their fetches.
+        ``quiet_interval_s``: the thread's period while nothing was drafted here for
+        ``fetch_idle_s`` (nothing to fetch; the tokens due go out in fewer, larger messages).
         ``token``: the server's secret (default: the ``SEER_DGDS_TOKEN`` environment variable;
         none if unset)."""
         if update_batch_tokens < 1:
@@ -147,6 +154,7 @@ class DraftClient:
         self.update_batch_tokens = update_batch_tokens
         self.fetch_interval_s = fetch_interval_s
         self.fetch_idle_s = fetch_idle_s
+        self.quiet_interval_s = max(fetch_interval_s, min(quiet_interval_s, flush_interval_s))
         self.flush_interval_s = flush_interval_s
         self.rpc_timeout_s = rpc_timeout_s
         self.max_fetch_tokens = max_fetch_tokens
@@ -181,6 +189,8 @@ class DraftClient:
         self._sync_done = 0
         self._last_fetch = 0.0
         self._last_flush = time.monotonic()
+        self._last_draft = -1e18  # the last batch_speculate (monotonic)
+        self._unsent = False  # tokens appended (or made due) since _sync last looked
         self._backoff = 0.0
         self._stats = dict(update_calls=0, fetch_calls=0, tokens_sent=0, tokens_fetched=0, rpc_errors=0)
         self._thread = threading.Thread(target=self._run, name="dgds-client", daemon=True)
@@ -209,7 +219,8 @@ class DraftClient:
 
         Does not wake the client's thread: an engine step calls this every step, and a thread
         cycle per step, on the engine's core, cost more than the tokens; they are applied and sent
-        at its next ``fetch_interval_s`` tick (``sync``/``flush`` still force a cycle)."""
+        at its next ``fetch_interval_s`` tick (``sync``/``flush`` still force a cycle), or applied
+        by the next ``batch_speculate``, which drafts from them."""
         for group_id, request_id, tokens in rows:
             if len(tokens):
                 self._inbox.append(("append", group_id, request_id, _ints(tokens), 0.0))
@@ -232,12 +243,18 @@ class DraftClient:
         ValueError only for malformed params (a caller bug), never for server trouble.
         """
         out: list[Draft] = []
+        self._drain_inbox()  # this instance's latest tokens first (appends since the thread's last tick)
+        now = time.monotonic()
+        stale = False  # a group not fetched lately: wake the thread to fetch it now
         with self._lock:
             for row in rows:
                 problem = row.params.problem()
                 if problem:
                     raise ValueError(f"row {row.request_id!r}: {problem}")
                 g = self._groups.get(row.group_id)
+                if g is not None:
+                    stale = stale or now - g.drafted > self.fetch_idle_s
+                    g.drafted = now
                 if g is None or g.replica is None:
                     out.append(Draft(row.request_id))
                     continue
@@ -245,6 +262,9 @@ class DraftClient:
                 tail = _ints(ctx[len(ctx) - min(len(ctx), row.params.pattern_lookup_max):])
                 paths, match_len = draft(g.replica.tree, tail, row.params)
                 out.append(Draft(row.request_id, tuple(paths), match_len))
+        self._last_draft = now
+        if stale:
+            self._wake.set()
         return out
 
     def sync(self, timeout: float = 5.0) -> bool:
@@ -301,7 +321,8 @@ class DraftClient:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            timeout = self.fetch_interval_s if self._backoff == 0 else self._backoff
+            timeout = self._backoff or (self.fetch_interval_s if time.monotonic() - self._last_draft <= self.fetch_idle_s
+                                        else self.quiet_interval_s)
             self._wake.wait(timeout)
             self._wake.clear()
             if self._closed.is_set():
@@ -331,7 +352,13 @@ class DraftClient:
         now = time.monotonic()
         flush = force or now - self._last_flush >= self.flush_interval_s
         fetch = force or now - self._last_fetch >= self.fetch_interval_s
-        ok = self._sync(flush, fetch) and ok
+        # A tick with no new tokens, no flush and nothing drafted from lately has nothing to send
+        # or fetch: it skips the scan of every request (most ticks of a phase that drafts nothing).
+        if force or flush or self._unsent or fetch and now - self._last_draft <= self.fetch_idle_s:
+            self._unsent = False
+            synced = self._sync(flush, fetch, every_group=force)
+            self._unsent = self._unsent or not synced  # (what failed is tried again next tick)
+            ok = synced and ok
         if flush:
             self._last_flush = now
         if fetch:
@@ -359,9 +386,11 @@ class DraftClient:
                         g.unapplied.setdefault(rid, []).extend(tokens or ())
                     else:
                         g.replica.append_local(rid, tokens or ())
+                        self._unsent = True
                 elif kind == "finish_request":
                     if g is not None:
                         g.own.setdefault(rid, _OwnRequest()).finished = True
+                        self._unsent = True
                 elif kind == "finish_group":
                     if self._groups.pop(gid, None) is not None:
                         self._finishing.append(gid)
@@ -436,6 +465,7 @@ class DraftClient:
                     g.resume = True
                     for own in g.own.values():
                         own.acked = 0
+                    self._unsent = True
                     if g.replica is not None:
                         g.replica.reset_cursor()
         return list(lost)
@@ -495,15 +525,17 @@ class DraftClient:
                 old = g.replica
                 g.replica = GroupReplica(gid, resp.max_depth)
                 if old is not None:  # depth changed: rebuild from what we had
-                    for rid, idx in old.request_index.items():
-                        g.replica.append_local(rid, old.tree.seqs[idx])
+                    for rid in old.request_index:
+                        g.replica.append_local(rid, old.tokens(rid))
             for rid, toks in g.unapplied.items():
                 g.replica.append_local(rid, toks)
             g.unapplied.clear()
+            self._unsent = True
 
-    def _sync(self, flush: bool, fetch: bool) -> bool:
-        """Send the unsent tokens that are due and, if ``fetch``, fetch every replica's increment:
-        one packed message (more only while the server cuts increments short by max_tokens)."""
+    def _sync(self, flush: bool, fetch: bool, every_group: bool = False) -> bool:
+        """Send the unsent tokens that are due and, if ``fetch``, fetch the increments of the groups
+        drafted from lately (``every_group``: of every group in use): one packed message (more only
+        while the server cuts increments short by max_tokens)."""
         gids: dict[str, int] = {}  # group id -> index in the message
         rids: list[str] = []
         app_group, app_prev, app_len = [], [], []
@@ -515,16 +547,16 @@ class DraftClient:
                 if not g.registered or g.replica is None:
                     continue
                 for rid, own in g.own.items():
-                    seq = g.replica.tokens(rid)
-                    unsent = len(seq) - own.acked
+                    unsent = g.replica.length(rid) - own.acked
                     if unsent > 0 and (flush or own.finished or unsent >= self.update_batch_tokens):
                         rids.append(rid)
                         app_group.append(gids.setdefault(gid, len(gids)))
                         app_prev.append(own.acked)
                         app_len.append(unsent)
-                        tokens.extend(seq[own.acked:])
-                if fetch and (now - g.touched <= self.fetch_idle_s
-                              or any(not o.finished for o in g.own.values())):
+                        tokens.extend(g.replica.tokens(rid, own.acked))
+                if fetch and (now - g.drafted <= self.fetch_idle_s
+                              or every_group and (now - g.touched <= self.fetch_idle_s
+                                                  or any(not o.finished for o in g.own.values()))):
                     fetches.append((gid, g.replica))
         sent = list(zip(app_group, rids))
         ok = True
@@ -567,7 +599,7 @@ class DraftClient:
                 log.warning("server holds different tokens for %s/%s", gid, rid)
                 own.acked = max(own.acked, committed)
                 continue
-            own.acked = max(own.acked, min(committed, len(g.replica.tokens(rid))))
+            own.acked = max(own.acked, min(committed, g.replica.length(rid)))
             self._stats["tokens_sent"] += n
 
     def _apply_fetched(self, fetches: list[tuple[str, GroupReplica]], cursors: list[int], known: list[int],

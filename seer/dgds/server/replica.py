@@ -4,13 +4,18 @@ The tree depends only on the multiset of sequences (its layout is canonical), so
 tokens from two sources in any order: the client's own requests, applied as soon as they are
 generated, and the server's log, fetched incrementally. Each request's tokens are applied once, by
 position: a segment the replica already covers is skipped, an overlapping one adds its tail.
+
+With the compiled core a replica's tree is lazy (``SuffixTree(log=True, lazy=True)``): appends
+keep the tokens and their log only, and the first draft from the group builds the tree from that
+log (the same tree an eager one would hold). An instance then pays for the trees of the groups it
+drafts from, not for those of every group it decodes (most of a rollout's bulk drafts nothing).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from seer.dgds.tree.suffix_tree import SuffixTree
+from seer.dgds.tree.suffix_tree import COMPILED, SuffixTree
 from seer.dgds.types import Segment
 
 
@@ -21,9 +26,10 @@ class ReplicaGap(Exception):
 class GroupReplica:
     """Local tree of one group plus the server log offset it has consumed (its fetch cursor)."""
 
-    def __init__(self, group_id: str, max_depth: int):
+    def __init__(self, group_id: str, max_depth: int, lazy: bool = True):
         self.group_id = group_id
-        self.tree = SuffixTree(max_depth)
+        lazy = lazy and COMPILED  # (the Python tree has no lazy mode)
+        self.tree = SuffixTree(max_depth, log=lazy, lazy=lazy)
         self.request_index: dict[str, int] = {}
         self.cursor = 0
         self.server_names: list[str] = []  # the group's request ids in the server's order (packed fetches)
@@ -33,25 +39,30 @@ class GroupReplica:
         self.cursor = 0
         self.server_names = []
 
-    def _seq(self, request_id: str) -> list[int]:
+    def _seq(self, request_id: str) -> int:
         idx = self.request_index.get(request_id)
         if idx is None:
             idx = self.tree.add_sequence()
             self.request_index[request_id] = idx
-        return self.tree.seqs[idx]
+        return idx
 
     def length(self, request_id: str) -> int:
         idx = self.request_index.get(request_id)
-        return 0 if idx is None else len(self.tree.seqs[idx])
+        return 0 if idx is None else self.tree.seq_len(idx)
 
-    def tokens(self, request_id: str) -> list[int]:
+    def tokens(self, request_id: str, start: int = 0) -> list[int]:
+        """The request's tokens from ``start`` on (a lazy tree stays unbuilt)."""
         idx = self.request_index.get(request_id)
-        return [] if idx is None else self.tree.seqs[idx]
+        return [] if idx is None else self.tree.seq_tokens(idx, start, self.tree.seq_len(idx))
+
+    @property
+    def built(self) -> bool:
+        """Whether the tree exists (a lazy one is built by its first draft)."""
+        return not self.tree.deferred
 
     def append_local(self, request_id: str, tokens: Sequence[int]) -> None:
         """The client's own request generated ``tokens``: they extend that request's sequence."""
-        self._seq(request_id)
-        self.tree.extend(self.request_index[request_id], tokens)
+        self.tree.extend(self._seq(request_id), tokens)
 
     def apply_segment(self, seg: Segment) -> None:
         """Apply one fetched log segment, skipping whatever the replica already has."""
@@ -59,12 +70,13 @@ class GroupReplica:
 
     def _apply(self, request_id: str, start: int, tokens: Sequence[int]) -> int:
         """Tokens of the segment that were new here."""
-        have = len(self._seq(request_id))
+        idx = self._seq(request_id)
+        have = self.tree.seq_len(idx)
         if start > have:
             raise ReplicaGap(f"{self.group_id}/{request_id}: segment at {start}, replica has {have}")
         new = tokens[have - start :]
         if new:
-            self.tree.extend(self.request_index[request_id], new)
+            self.tree.extend(idx, new)
         return len(new)
 
     def apply_packed(self, start: int, next_cursor: int, known: int, names: Sequence[str], segments: Sequence[int],

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from seer.dgds.policy.adaptive import AdaptiveDraftLength
 from seer.dgds.policy.draft_length import DraftLengths
 from seer.dgds.vllm.settings import ProposerSettings, settings_from
@@ -58,6 +60,10 @@ class _RowState:
     ref: RequestRef
     appended_to: int = 0  # tokens of the engine sequence (prompt + output) already sent to DGDS
     last_draft: int = 0  # tokens drafted for it at the previous step (0: none to verify)
+    row: int = -1  # its row in the batch (-1: it left)
+
+
+_UNSTARTED = 1 << 62  # a row's appended count before its first sample (so nothing is ever due)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,18 @@ class DgdsProposer:
         self.policy = AdaptiveDraftLength(gamma_max=s.gamma_max, lam=s.lam)
         self._runner: Any = None
         self._rows: dict[str, _RowState] = {}
+        # the batch's rows as of the last step, in order: their states and, per row, tokens sent
+        # (`_done`), probe flags, the rows that have not sampled yet, the rows with drafts to verify
+        self._ids: list[str] = []
+        self._states: list[_RowState] = []
+        self._done = np.zeros(0, dtype=np.int64)
+        self._probe = np.zeros(0, dtype=bool)
+        self._n_probe = 0
+        self._unstarted: list[int] = []
+        self._drafted: list[_RowState] = []
+        self._tok: Any = None  # the last step's token_ids_cpu and num_tokens_no_spec (rows_leaving)
+        self._n = np.zeros(0, dtype=np.int64)
+        self._defer = 1  # tokens per row between appends: settings.update_batch_tokens once rows_leaving is hooked
         self._last_step_end: float | None = None
         self._last_step_tokens = 0
         self._last_step_drafted = 0
@@ -148,6 +166,8 @@ class DgdsProposer:
                 from seer.dgds.vllm import runner_hooks
 
                 runner_hooks.install(runner)
+                if getattr(runner, "_seer_rows_leaving", False):
+                    self._defer = self.settings.update_batch_tokens
             except Exception:  # another vLLM layout: vLLM's own path, as without them
                 log.exception("could not install Seer's zero-draft step hooks on the model runner")
 
@@ -168,6 +188,8 @@ class DgdsProposer:
                 self._failed_once = True
             for st in self._rows.values():
                 st.last_draft = 0
+            self._drafted = []
+            self._ids = []  # lay the rows out afresh next step
             return [[] for _ in sampled_token_ids]
 
     # ---- the step -----------------------------------------------------------------------------
@@ -179,41 +201,34 @@ class DgdsProposer:
             if self._runner is None:
                 raise RuntimeError("cannot find vLLM's model runner; use --worker-cls seer.dgds.vllm.worker...")
         batch = self._runner.input_batch
-        req_ids = batch.req_ids
-        s = self.settings
-        out: list[list[int]] = [[] for _ in sampled_token_ids]
-        appends: list[tuple[str, str, Any]] = []
-        ready: list[tuple[int, _RowState, int]] = []  # (row, state, num tokens)
-        seen: set[str] = set()
-        prefilled = False  # did the step that just ran compute a prompt (new or resumed request)?
-        for i, sampled in enumerate(sampled_token_ids):
-            rid = req_ids[i]
-            seen.add(rid)
-            st = self._rows.get(rid)
-            if st is None:
-                st = self._start(rid)
-                prefilled = True
-            if st.last_draft:
+        b = len(sampled_token_ids)
+        out: list[list[int]] = [[] for _ in range(b)]
+        ids = batch.req_ids[:b]
+        # did the step that just ran compute a prompt (a new or resumed request, a partial prefill)?
+        prefilled = ids != self._ids and self._align(ids)
+        for st in self._drafted:  # last step's drafts: how many of each were accepted
+            if st.row >= 0:
+                sampled = sampled_token_ids[st.row]
                 accepted = max(0, min(len(sampled) - 1, st.last_draft)) if sampled else 0
                 self.policy.record_verified(st.last_draft, accepted)
                 self._counts["verified_drafts"] += 1
                 self._counts["verified_draft_tokens"] += st.last_draft
                 self._counts["accepted_tokens"] += accepted
-                st.last_draft = 0
-            if not sampled:  # a partial prefill: nothing sampled, nothing to draft
-                prefilled = True
-                continue
-            n = int(num_tokens_no_spec[i])
-            if st.appended_to == 0:
-                n_prompt = int(batch.num_prompt_tokens[i])
-                if s.include_prompt and st.ref.first_chunk and n_prompt > 0:
-                    appends.append((st.ref.group_id, f"{st.ref.sequence_id}/prompt", token_ids_cpu[i, :n_prompt]))
-                st.appended_to = n_prompt
-            if n > st.appended_to:
-                appends.append((st.ref.group_id, st.ref.sequence_id, token_ids_cpu[i, st.appended_to:n]))
-                st.appended_to = n
-            if n < self.max_model_len - 1:
-                ready.append((i, st, n))
+            st.last_draft = 0
+        self._drafted = []
+        n = np.asarray(num_tokens_no_spec[:b], dtype=np.int64)
+        appends: list[tuple[str, str, Any]] = []
+        if b and min(map(len, sampled_token_ids)) == 0:  # a partial prefill: nothing sampled, nothing to draft
+            prefilled = True
+        if self._unstarted:
+            self._first_samples(sampled_token_ids, batch, token_ids_cpu, appends)
+        done = self._done
+        ready = done < _UNSTARTED  # rows that sampled since they joined
+        if self._unstarted or int(n.max(initial=0)) >= self.max_model_len - 1:
+            ready &= n < self.max_model_len - 1
+            n_ready, n_high = int(ready.sum()), int((ready & self._probe).sum())
+        else:
+            n_ready, n_high = b, self._n_probe
         # The step cost model T(B, g) is a decode step's: a step that also prefilled (its time has
         # prompt tokens the model does not count, and after an idle engine the idle time too) is not
         # a sample of it. Fed such steps, the fit's fixed term grew several-fold, so verifying drafts
@@ -221,16 +236,27 @@ class DgdsProposer:
         # "Speculation on one CPU core", has the figures).
         if self._last_step_end is not None and self._last_step_tokens and not prefilled:
             self.policy.record_step(self._last_step_tokens, now - self._last_step_end, self._last_step_drafted)
+        lengths = self._lengths(n_high, n_ready - n_high) if n_ready else DraftLengths(0, 0)
+        drafting = lengths.high > 0 or lengths.low > 0
+        # A row's tokens go to the client every `_defer` tokens (vLLM's token_ids_cpu keeps them
+        # meanwhile; a row leaving the batch is flushed first, `rows_leaving`), and all of them
+        # before a step drafts, so that the group trees it drafts from hold every sibling's tokens.
+        due = np.flatnonzero(n - done >= (1 if drafting else self._defer))
+        if len(due):
+            states = self._states
+            for i in due.tolist():
+                st, m = states[i], int(n[i])
+                appends.append((st.ref.group_id, st.ref.sequence_id, token_ids_cpu[i, st.appended_to:m]))
+                st.appended_to = m
+            done[due] = n[due]
         if appends:
             self.client.append_many(appends)
-        for rid in [r for r in self._rows if r not in seen]:
-            self._finish(rid)
-
-        lengths = self._lengths(ready)
-        verified = len(sampled_token_ids)
+        self._tok, self._n = token_ids_cpu, n
+        verified = b
         drafted = 0
-        if lengths.high > 0 or lengths.low > 0:
-            drafted = self._draft(ready, lengths, req_ids, token_ids_cpu, sampled_token_ids, out)
+        if drafting:
+            rows = [(i, self._states[i], int(n[i])) for i in np.flatnonzero(ready).tolist()]
+            drafted = self._draft(rows, lengths, ids, token_ids_cpu, sampled_token_ids, out)
         else:  # nothing to look up for any row: the step costs what a plain step costs, plus the appends
             self._counts["zero_draft_steps"] += 1
         verified += drafted
@@ -242,6 +268,68 @@ class DgdsProposer:
         self._last_step_end = time.perf_counter()
         self._maybe_log()
         return out
+
+    def _align(self, ids: list[str]) -> bool:
+        """The batch's rows changed: finish the requests that left, start those that joined, and
+        lay the per-row arrays out in the new order. True if a request joined (it prefilled)."""
+        seen = set(ids)
+        for rid in [r for r in self._rows if r not in seen]:
+            self._finish(rid)
+        joined = False
+        states = []
+        for i, rid in enumerate(ids):
+            st = self._rows.get(rid)
+            if st is None:
+                st = self._start(rid)
+                joined = True
+            st.row = i
+            states.append(st)
+        self._ids, self._states = ids, states
+        self._done = np.array([st.appended_to or _UNSTARTED for st in states], dtype=np.int64)
+        self._unstarted = [i for i, st in enumerate(states) if not st.appended_to]
+        self._probe = np.array([st.ref.probe for st in states], dtype=bool)
+        self._n_probe = int(self._probe.sum())
+        return joined
+
+    def _first_samples(self, sampled_token_ids, batch, token_ids_cpu, appends) -> None:
+        """Rows that sampled their first token: the prompt goes to the tree (as a sequence of its
+        own, once per request), and the row's appends count from there."""
+        s = self.settings
+        left = []
+        for i in self._unstarted:
+            if not sampled_token_ids[i]:
+                left.append(i)
+                continue
+            st = self._states[i]
+            n_prompt = int(batch.num_prompt_tokens[i])
+            if s.include_prompt and st.ref.first_chunk and n_prompt > 0:
+                appends.append((st.ref.group_id, f"{st.ref.sequence_id}/prompt", token_ids_cpu[i, :n_prompt]))
+            st.appended_to = n_prompt
+            self._done[i] = n_prompt
+        self._unstarted = left
+
+    def rows_leaving(self, scheduler_output: Any) -> None:
+        """Before vLLM removes the step's finished and unscheduled requests from its batch (the
+        runner's ``_update_states``, ``seer.dgds.vllm.runner_hooks``): their tokens not yet sent."""
+        try:
+            tok, n, done = self._tok, self._n, self._done
+            if tok is None or self._defer == 1:
+                return
+            fin = scheduler_output.finished_req_ids
+            sched = scheduler_output.num_scheduled_tokens
+            appends = []
+            for i, rid in enumerate(self._ids):
+                if (rid in fin or rid not in sched) and done[i] < n[i]:
+                    st, m = self._states[i], int(n[i])
+                    appends.append((st.ref.group_id, st.ref.sequence_id, tok[i, st.appended_to:m]))
+                    st.appended_to = m
+                    done[i] = m
+            if appends:
+                self.client.append_many(appends)
+        except Exception:
+            if not self._failed_once:
+                log.exception("DGDS proposer: flushing the rows that leave the batch failed")
+                self._failed_once = True
 
     def _draft(self, ready, lengths: DraftLengths, req_ids, token_ids_cpu, sampled_token_ids,
                out: list[list[int]]) -> int:
@@ -282,7 +370,9 @@ class DgdsProposer:
             toks = list(d.tokens)
             if toks:
                 out[i] = toks
-                self._rows[row.request_id].last_draft = len(toks)
+                st = self._rows[row.request_id]
+                st.last_draft = len(toks)
+                self._drafted.append(st)
                 drafted += len(toks)
                 self._counts["rows_drafted"] += 1
                 self._counts["draft_tokens"] += len(toks)
@@ -312,16 +402,15 @@ class DgdsProposer:
 
     def _finish(self, engine_request_id: str) -> None:
         st = self._rows.pop(engine_request_id)
+        st.row = -1
         self.client.finish_request(st.ref.group_id, st.ref.sequence_id)
 
-    def _lengths(self, ready: list[tuple[int, _RowState, int]]) -> DraftLengths:
+    def _lengths(self, n_high: int, n_low: int) -> DraftLengths:
+        """The step's plan for its n_high probe rows and n_low others (at least one row)."""
         g = self.settings.gamma_max
-        if not ready:
-            return DraftLengths(0, 0)
         if not self.settings.adaptive:
             return DraftLengths(g, g)
-        n_high = sum(1 for _, st, _ in ready if st.ref.probe)
-        plan = self.policy.lengths(n_high, len(ready) - n_high)
+        plan = self.policy.lengths(n_high, n_low)
         if self._stats_path:
             key = f"{plan.high},{plan.low}" + ("" if plan.max_rows is None else f",{plan.max_rows}")
             self._length_counts[key] = self._length_counts.get(key, 0) + 1
