@@ -22,6 +22,7 @@ COMMANDS = {
     "sim-measure-steps": ("bench.sim.measure_steps", "measure vLLM step times on this machine (long)"),
     "sim-measure-chunks": ("bench.sim.measure_chunks", "measure the per-chunk cost on real instances (long)"),
     "dgds-acceptance": ("bench.dgds_acceptance", "DGDS acceptance length by number of group references"),
+    "dgds-multiturn": ("bench.dgds_multiturn", "DGDS on multi-turn trajectories: observations in the group tree or not"),
     "dgds-hotpath": ("bench.dgds_hotpath", "suffix-tree append and drafting cost per core"),
     "dgds-e2e": ("bench.dgds_e2e", "grouped speculative decoding end to end on real instances (long)"),
     "dgds-load": ("bench.dgds_load", "the draft server under many simulated instances"),
