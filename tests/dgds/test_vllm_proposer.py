@@ -219,7 +219,8 @@ def test_multi_turn_chunks_feed_the_group_tree_with_the_model_tokens_only(dgds_v
     """A multi-turn rollout on the speculating instance (observations between turns, 8-token
     chunks): every chunk's sequence in its group's tree on the server is exactly the model tokens
     that chunk produced, so a trajectory's sequences, in order, are its loss-masked tokens and no
-    observation token is in the tree (they reach the engine inside the next turn's prompt)."""
+    observation token is in the tree (they reach the engine inside the next turn's prompt); nor
+    is any token a verification step accepted past the chunk's max_tokens (vLLM drops those)."""
     from transformers import AutoTokenizer
 
     from seer.tasks.env import EnvConfig
@@ -241,7 +242,7 @@ def test_multi_turn_chunks_feed_the_group_tree_with_the_model_tokens_only(dgds_v
                 assert time.monotonic() < deadline, f"the server lacks {c.chunk_id}'s tokens"
                 time.sleep(0.1)
             tokens = dgds_vllm.dgds.store.sequence_tokens(ref.group_id, ref.sequence_id)
-            assert len(tokens) == c.new_tokens, (c.chunk_id, len(tokens), c.new_tokens)
+            assert len(tokens) == c.new_tokens, (c.chunk_id, tokens, c.new_tokens)
             held += tokens
         model_tokens = [t for t, m in zip(s.response_ids, s.loss_mask) if m]
         assert held == model_tokens, s.request_id

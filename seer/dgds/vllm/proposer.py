@@ -53,17 +53,18 @@ def _ints_tail(ctx) -> list[int]:
     return [int(t) for t in ctx[-12:]]
 
 
+_UNSTARTED = 1 << 62  # a row's appended count before its first sample (so nothing is ever due)
+
+
 @dataclass
 class _RowState:
     """What the proposer remembers about one running engine request."""
 
     ref: RequestRef
     appended_to: int = 0  # tokens of the engine sequence (prompt + output) already sent to DGDS
+    limit: int = _UNSTARTED  # prompt + max_tokens: no token past it is the request's
     last_draft: int = 0  # tokens drafted for it at the previous step (0: none to verify)
     row: int = -1  # its row in the batch (-1: it left)
-
-
-_UNSTARTED = 1 << 62  # a row's appended count before its first sample (so nothing is ever due)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class DgdsProposer:
         self._ids: list[str] = []
         self._states: list[_RowState] = []
         self._done = np.zeros(0, dtype=np.int64)
+        self._limit = np.zeros(0, dtype=np.int64)
         self._probe = np.zeros(0, dtype=bool)
         self._n_probe = 0
         self._unstarted: list[int] = []
@@ -244,8 +246,11 @@ class DgdsProposer:
         due = np.flatnonzero(n - done >= (1 if drafting else self._defer))
         if len(due):
             states = self._states
+            limit = self._limit
             for i in due.tolist():
-                st, m = states[i], int(n[i])
+                st, m = states[i], min(int(n[i]), int(limit[i]))
+                if m <= st.appended_to:
+                    continue
                 appends.append((st.ref.group_id, st.ref.sequence_id, token_ids_cpu[i, st.appended_to:m]))
                 st.appended_to = m
             done[due] = n[due]
@@ -286,6 +291,7 @@ class DgdsProposer:
             states.append(st)
         self._ids, self._states = ids, states
         self._done = np.array([st.appended_to or _UNSTARTED for st in states], dtype=np.int64)
+        self._limit = np.array([st.limit for st in states], dtype=np.int64)
         self._unstarted = [i for i, st in enumerate(states) if not st.appended_to]
         self._probe = np.array([st.ref.probe for st in states], dtype=bool)
         self._n_probe = int(self._probe.sum())
@@ -305,8 +311,17 @@ class DgdsProposer:
             if s.include_prompt and st.ref.first_chunk and n_prompt > 0:
                 appends.append((st.ref.group_id, f"{st.ref.sequence_id}/prompt", token_ids_cpu[i, :n_prompt]))
             st.appended_to = n_prompt
+            st.limit = n_prompt + self._max_tokens(batch.req_ids[i])
             self._done[i] = n_prompt
+            self._limit[i] = st.limit
         self._unstarted = left
+
+    def _max_tokens(self, rid: str) -> int:
+        """The request's max_tokens: a verification step can accept drafts past it, tokens vLLM
+        then drops from the output and that must not enter the group's tree either."""
+        req = getattr(self._runner, "requests", {}).get(rid)
+        sp = getattr(req, "sampling_params", None)
+        return int(sp.max_tokens) if sp is not None and sp.max_tokens is not None else _UNSTARTED
 
     def rows_leaving(self, scheduler_output: Any) -> None:
         """Before vLLM removes the step's finished and unscheduled requests from its batch (the
@@ -320,7 +335,10 @@ class DgdsProposer:
             appends = []
             for i, rid in enumerate(self._ids):
                 if (rid in fin or rid not in sched) and done[i] < n[i]:
-                    st, m = self._states[i], int(n[i])
+                    st, m = self._states[i], min(int(n[i]), int(self._limit[i]))
+                    done[i] = n[i]
+                    if m <= st.appended_to:
+                        continue
                     appends.append((st.ref.group_id, st.ref.sequence_id, tok[i, st.appended_to:m]))
                     st.appended_to = m
                     done[i] = m
