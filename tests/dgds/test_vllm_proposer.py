@@ -176,6 +176,40 @@ def test_speculation_is_lossless_when_sampling(dgds_vllm):
     assert padding <= max(3, 0.005 * tokens), f"{padding} padding ids in {tokens} tokens"
 
 
+def test_multi_turn_chunks_feed_the_group_tree_with_the_model_tokens_only(dgds_vllm, tiny_model):
+    """A multi-turn rollout on the speculating instance (observations between turns, 8-token
+    chunks): every chunk's sequence in its group's tree on the server is exactly the model tokens
+    that chunk produced, so a trajectory's sequences, in order, are its loss-masked tokens and no
+    observation token is in the tree (they reach the engine inside the next turn's prompt); nor
+    is any token a verification step accepted past the chunk's max_tokens (vLLM drops those).
+    (Before the tests below, which stop the fixture's draft server.)"""
+    from transformers import AutoTokenizer
+
+    from seer.tasks.env import EnvConfig
+    from tests.multiturn.test_multi_turn_vllm import rollout
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    obs = (11, 12, 13)
+    batch = rollout(dgds_vllm.pool, tok, dgds_vllm.prompts[:2], EnvConfig(workers=2, max_turn_tokens=12),
+                    {"obs": obs, "turns": 3}, group_size=2, chunk=8, max_tokens=60)
+    assert len(batch.samples) == 4 and all(s.turns >= 2 for s in batch.samples)
+    deadline = time.monotonic() + 60
+    for s in batch.samples:
+        chunks = sorted((c for c in batch.chunks if c.request_id == s.request_id and c.new_tokens > 0),
+                        key=lambda c: c.chunk_index)
+        held: list[int] = []
+        for c in chunks:
+            ref = parse_request_id(c.chunk_id)
+            while dgds_vllm.dgds.store.sequence_length(ref.group_id, ref.sequence_id) < c.new_tokens:
+                assert time.monotonic() < deadline, f"the server lacks {c.chunk_id}'s tokens"
+                time.sleep(0.1)
+            tokens = dgds_vllm.dgds.store.sequence_tokens(ref.group_id, ref.sequence_id)
+            assert len(tokens) == c.new_tokens, (c.chunk_id, tokens, c.new_tokens)
+            held += tokens
+        model_tokens = [t for t, m in zip(s.response_ids, s.loss_mask) if m]
+        assert held == model_tokens, s.request_id
+
+
 def test_decoding_goes_on_when_the_draft_server_is_gone(dgds_vllm):
     dgds_vllm.dgds.stop(0)
 
@@ -214,35 +248,3 @@ def test_draft_server_restart_mid_rollout_is_harmless(modes, dgds_vllm):
         new.stop(0)
     assert "proposer step failed" not in dgds_vllm.log_path.read_text(errors="replace")
 
-
-def test_multi_turn_chunks_feed_the_group_tree_with_the_model_tokens_only(dgds_vllm, tiny_model):
-    """A multi-turn rollout on the speculating instance (observations between turns, 8-token
-    chunks): every chunk's sequence in its group's tree on the server is exactly the model tokens
-    that chunk produced, so a trajectory's sequences, in order, are its loss-masked tokens and no
-    observation token is in the tree (they reach the engine inside the next turn's prompt); nor
-    is any token a verification step accepted past the chunk's max_tokens (vLLM drops those)."""
-    from transformers import AutoTokenizer
-
-    from seer.tasks.env import EnvConfig
-    from tests.multiturn.test_multi_turn_vllm import rollout
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model))
-    obs = (11, 12, 13)
-    batch = rollout(dgds_vllm.pool, tok, dgds_vllm.prompts[:2], EnvConfig(workers=2, max_turn_tokens=12),
-                    {"obs": obs, "turns": 3}, group_size=2, chunk=8, max_tokens=60)
-    assert len(batch.samples) == 4 and all(s.turns >= 2 for s in batch.samples)
-    deadline = time.monotonic() + 60
-    for s in batch.samples:
-        chunks = sorted((c for c in batch.chunks if c.request_id == s.request_id and c.new_tokens > 0),
-                        key=lambda c: c.chunk_index)
-        held: list[int] = []
-        for c in chunks:
-            ref = parse_request_id(c.chunk_id)
-            while dgds_vllm.dgds.store.sequence_length(ref.group_id, ref.sequence_id) < c.new_tokens:
-                assert time.monotonic() < deadline, f"the server lacks {c.chunk_id}'s tokens"
-                time.sleep(0.1)
-            tokens = dgds_vllm.dgds.store.sequence_tokens(ref.group_id, ref.sequence_id)
-            assert len(tokens) == c.new_tokens, (c.chunk_id, tokens, c.new_tokens)
-            held += tokens
-        model_tokens = [t for t, m in zip(s.response_ids, s.loss_mask) if m]
-        assert held == model_tokens, s.request_id
