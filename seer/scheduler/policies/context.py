@@ -56,7 +56,7 @@ class ContextAware(Policy):
     name = "context"
     config_keys = ("starvation_after", "starvation_every", "early_packing", "continuations_first", "engine_priority")
     # A turn boundary in decode tokens (policy_args: {turn_tokens: N}); 0, tokens only, until a
-    # real multi-turn comparison shows a value that pays (docs/bench.md, "Multi-turn").
+    # real multi-turn comparison shows a value that pays (README, "Turns in the estimate").
     TURN_TOKENS = 0
 
     def __init__(
