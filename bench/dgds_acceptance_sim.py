@@ -21,6 +21,8 @@ from seer.dgds.tree.drafting import draft
 from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import DraftParams
 
+from bench.turn_scripts import mask_runs
+
 Drafter = Callable[[Sequence[int]], list[tuple[int, ...]]]  # context -> candidate paths
 
 
@@ -133,17 +135,13 @@ def turns_accepted_at(
     """
     def segments(seq, m):
         """(observation before, turn) pairs, in order."""
-        out, obs, i = [], [], 0
-        while i < len(seq):
-            j = i
-            while j < len(seq) and m[j] == m[i]:
-                j += 1
-            if m[i]:
+        out, obs = [], []
+        for i, j, model in mask_runs(m):
+            if model:
                 out.append((obs, list(seq[i:j])))
                 obs = []
             else:
                 obs = list(seq[i:j])
-            i = j
         return out
 
     tree = SuffixTree(max_depth)

@@ -77,25 +77,32 @@ class Script:
         return Script((), (), ())
 
 
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int, bool]]:
+    """A loss mask's runs, (start, end, model tokens?) in order: the turns and the observations."""
+    out = []
+    i = 0
+    while i < len(mask):
+        j = i
+        while j < len(mask) and mask[j] == mask[i]:
+            j += 1
+        out.append((i, j, bool(mask[i])))
+        i = j
+    return out
+
+
 def script_from_sample(sample: Sample, latencies: Sequence[float]) -> Script:
     """A finished multi-turn sample's turns and observations (from its loss mask), with `latencies`
     (one per observation after a turn) for its tool calls."""
     mask = sample.loss_mask or [1] * len(sample.response_ids)
     turns: list[int] = []
     obs: list[tuple[int, ...]] = [()]
-    i = 0
-    while i < len(mask):
-        j = i
-        while j < len(mask) and mask[j] == mask[i]:
-            j += 1
-        if mask[i]:
+    for i, j, model in mask_runs(mask):
+        if model:
             turns.append(j - i)
+        elif not turns:
+            obs[0] = tuple(sample.response_ids[i:j])
         else:
-            if not turns:
-                obs[0] = tuple(sample.response_ids[i:j])
-            else:
-                obs.append(tuple(sample.response_ids[i:j]))
-        i = j
+            obs.append(tuple(sample.response_ids[i:j]))
     if not turns:  # an empty response: one empty turn keeps the shape
         turns = [0]
     obs = obs[:len(turns)] + [()] * (len(turns) - len(obs))

@@ -246,13 +246,8 @@ class DgdsProposer:
         due = np.flatnonzero(n - done >= (1 if drafting else self._defer))
         if len(due):
             states = self._states
-            limit = self._limit
             for i in due.tolist():
-                st, m = states[i], min(int(n[i]), int(limit[i]))
-                if m <= st.appended_to:
-                    continue
-                appends.append((st.ref.group_id, st.ref.sequence_id, token_ids_cpu[i, st.appended_to:m]))
-                st.appended_to = m
+                self._hand_over(states[i], token_ids_cpu[i], int(n[i]), int(self._limit[i]), appends)
             done[due] = n[due]
         if appends:
             self.client.append_many(appends)
@@ -316,6 +311,14 @@ class DgdsProposer:
             self._limit[i] = st.limit
         self._unstarted = left
 
+    @staticmethod
+    def _hand_over(st: _RowState, row_tokens: Any, n: int, limit: int, appends: list) -> None:
+        """Queue a row's tokens not yet sent, up to its first n and never past its limit."""
+        m = min(n, limit)
+        if m > st.appended_to:
+            appends.append((st.ref.group_id, st.ref.sequence_id, row_tokens[st.appended_to:m]))
+            st.appended_to = m
+
     def _max_tokens(self, rid: str) -> int:
         """The request's max_tokens: a verification step can accept drafts past it, tokens vLLM
         then drops from the output and that must not enter the group's tree either."""
@@ -335,13 +338,8 @@ class DgdsProposer:
             appends = []
             for i, rid in enumerate(self._ids):
                 if (rid in fin or rid not in sched) and done[i] < n[i]:
-                    st, m = self._states[i], min(int(n[i]), int(self._limit[i]))
+                    self._hand_over(self._states[i], tok[i], int(n[i]), int(self._limit[i]), appends)
                     done[i] = n[i]
-                    if m <= st.appended_to:
-                        continue
-                    appends.append((st.ref.group_id, st.ref.sequence_id, tok[i, st.appended_to:m]))
-                    st.appended_to = m
-                    done[i] = m
             if appends:
                 self.client.append_many(appends)
         except Exception:

@@ -99,8 +99,7 @@ class ContextAware(Policy):
         self._low_members: dict[int, set[Request]] = {}
         self._longest_finished: dict[int, int] = {}
         self._longest_generated: dict[int, int] = {}
-        self._most_turns_finished: dict[int, int] = {}
-        self._most_turns: dict[int, int] = {}
+        self._most_turns: dict[int, int] = {}  # group -> most turns of any of its requests seen
         self._max_tokens: dict[int, int] = {}
         self._dispatches = 0
         self._by_reason: dict[str, int] = {}
@@ -118,7 +117,7 @@ class ContextAware(Policy):
 
     def turns_estimate(self, group_id: int) -> int:
         """T_g: the most turns of a finished trajectory, raised to any partial one's (0 single-turn)."""
-        return max(self._most_turns_finished.get(group_id, 0), self._most_turns.get(group_id, 0))
+        return self._most_turns.get(group_id, 0)
 
     def priority(self, group_id: int) -> int:
         """The group's length for longest-first: L_g, plus its turns priced in tokens."""
@@ -190,7 +189,6 @@ class ContextAware(Policy):
         self._observe(req)
         g = req.group_id
         before = self.priority(g) if g in self._longest_finished else None
-        self._most_turns_finished[g] = max(req.turns, self._most_turns_finished.get(g, 0))
         self._longest_finished[g] = max(req.generated, self._longest_finished.get(g, -1))
         if self.priority(g) != before:
             self._rekey_group(g)
