@@ -1,4 +1,4 @@
-"""README.md's "Failure behaviour" table claims only what tests back (no vLLM, no model).
+"""docs/failures.md's table claims only what tests back (no vLLM, no model).
 
 Every row names the tests that exercise it (`file::test`, each must exist); every recovery bound
 it quotes cites the file under bench/results/failures/ that the asserting test recorded
@@ -21,7 +21,7 @@ FAILURES = ROOT / "bench" / "results" / "failures"
 
 
 def rows() -> list[dict[str, str]]:
-    header, body = table_after(ROOT / "README.md", "## Failure behaviour", "failure | what you see")
+    header, body = table_after(ROOT / "docs" / "failures.md", "# Failure behaviour", "failure | what you see")
     return [dict(zip(header, r)) for r in body]
 
 

@@ -1,4 +1,4 @@
-"""Every command the README shows runs as written on this CPU machine: its command blocks at smoke
+"""Every command the README and its docs pages show runs as written on this CPU machine: its command blocks at smoke
 sizes (a `seer-run` line is checked with `--print-config`, which parses every flag and setting and
 starts nothing; a `make` line with `make -n`; a long benchmark with `--help`), the inline
 benchmark commands' flags against their parsers, and the DGDS recipe for another framework's
@@ -22,7 +22,14 @@ import pytest
 from seer.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# the README and the user-facing pages it hands its sections to (the benchmark pages' commands are
+# checked by tests/test_results_index.py)
+PAGES = ["README.md", *(f"docs/{n}.md" for n in ("watching", "cluster", "default-run", "multiturn", "scheduling",
+                                                 "failures"))]
+README = "\n".join((ROOT / p).read_text() for p in PAGES)
+# inline benchmark commands: every page but the dated history
+INLINE_TEXT = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+                         if p.name != "bench-log.md")
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
@@ -89,7 +96,7 @@ def test_the_inline_benchmark_commands_use_flags_their_parsers_take(monkeypatch)
     def catch(self, args=None, namespace=None):
         raise Parsed(self)
 
-    found = INLINE.findall(README)
+    found = INLINE.findall(INLINE_TEXT)
     assert len(found) >= 6
     checked = 0
     for module, path, rest in found:
