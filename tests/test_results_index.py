@@ -146,7 +146,7 @@ def test_the_docs_cite_only_indexed_files(doc):
     text = doc.read_text()
     listed = set(indexed_files()) | {"README.md"}
     # a path followed by "at <commit>" names an earlier recording, read from that commit
-    cited = set(re.findall(r"bench/results/([\w./-]+\.(?:md|json|png))(?!`? at [0-9a-f]{7})", text))
+    cited = set(re.findall(r"bench/results/([\w./-]+\.(?:md|jsonl|json|png))(?![\w`]* at [0-9a-f]{7})", text))
     if doc.name == "README.md":
         assert cited, "README cites no recorded file"
     assert cited <= listed, f"{doc.name} cites files the index does not list: {sorted(cited - listed)}"
