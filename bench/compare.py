@@ -6,7 +6,7 @@
     python -m bench.compare --render DIR                   # re-summarize DIR/compare.json
 
 The same workload (prompts, per-chunk seeds, sampling, instances) runs under each configuration
-of the ladder (bench.configs): baseline group round-robin, + divided rollout, + context-aware
+of the ladder (seer.sim.ladder): baseline group round-robin, + divided rollout, + context-aware
 scheduling, + grouped speculative decoding (DGDS), and oracle longest-first. Instances start
 once and serve every configuration; the speculative one needs vLLM's speculative flag, so it has
 its own instances (same cores, idle while the others run) and the DGDS server. Configurations
@@ -16,8 +16,8 @@ runs first on each pool.
 
 Modes: `model` (default) generates with the model on the built-in task, lengths are the model's
 own; the oracle gets the lengths of the warm-up run (same chunking, same seeds). `trace` gives every
-request a hidden heavy-tailed, group-correlated target length (bench.workloads) that only the
-instances (bench.trace_backend) and the oracle see. `replay` takes those target lengths from the
+request a hidden heavy-tailed, group-correlated target length (seer.sim.workloads) that only the
+instances (bench.harness.trace_backend) and the oracle see. `replay` takes those target lengths from the
 model itself: the warm-up run (model mode) samples every request's length once, and every
 configuration and repeat then generates with the model up to exactly those lengths. Model mode's
 wall time is dominated by the longest sampled response, which differs from run to run (a
@@ -47,10 +47,10 @@ from seer.kvpool import KVPool
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
 
-from bench.breakdown import breakdown, format_breakdown, scrape
-from bench.configs import BenchConfig, parse_bool, select
-from bench.trace_backend import TraceBackend
-from bench.workloads import LengthModel
+from bench.harness.breakdown import breakdown, format_breakdown, scrape
+from seer.sim.ladder import BenchConfig, parse_bool, select
+from bench.harness.trace_backend import TraceBackend
+from seer.sim.workloads import LengthModel
 
 @dataclass(frozen=True)
 class CompareSettings:
@@ -76,8 +76,8 @@ class CompareSettings:
     # it. The baseline keeps its own plain instances (group round-robin never moves a request).
     kv_pool: bool = False
     kv_pool_bytes: int = 1 << 30  # memory of that pool
-    configs: str = "all"  # comma-separated configurations (bench.configs), e.g. baseline,context; or all
-    verbose: int = 0  # 1: print each run's time breakdown (bench.breakdown)
+    configs: str = "all"  # comma-separated configurations (seer.sim.ladder), e.g. baseline,context; or all
+    verbose: int = 0  # 1: print each run's time breakdown (bench.harness.breakdown)
     preset: str = ""  # a named workload (PRESETS); flags given with it override its settings
     out: str = "bench/results/compare"  # where compare.json, compare.md and the plots go
 
@@ -288,7 +288,7 @@ def write(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigRun],
     result = summarize(s, configs, runs)
     result["elapsed_s"] = elapsed_s
     (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / "compare.md").write_text(markdown(result) + "\n\nWhere the time went (bench.breakdown):\n\n"
+    (out / "compare.md").write_text(markdown(result) + "\n\nWhere the time went (bench.harness.breakdown):\n\n"
                                     + breakdown_markdown(result) + "\n")
     plot(result, runs, out)
     return result
@@ -397,7 +397,7 @@ def longest_cell(bs: list[dict]) -> str:
 
 
 def breakdown_markdown(result: dict) -> str:
-    """Where each configuration's time went (bench.breakdown), mean over repeats, from the runs'
+    """Where each configuration's time went (bench.harness.breakdown), mean over repeats, from the runs'
     stats: works on a fresh result and on a loaded compare.json alike."""
     lines = [
         "| configuration | busy | chunks in flight per instance | engine steps (max instance) | ms/step | "

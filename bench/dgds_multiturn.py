@@ -25,8 +25,8 @@ import json
 import time
 from pathlib import Path
 
-from bench.dgds_acceptance_sim import merge, replay, turns_accepted_at
-from bench.provenance import code_version
+from bench.harness.dgds_acceptance_sim import merge, replay, turns_accepted_at
+from bench.harness.provenance import code_version
 from seer.dgds.types import DraftParams
 
 TREES = {"model tokens only (Seer's proposer)": False, "with the observations": True}

@@ -1,37 +1,30 @@
-"""Multi-turn rollout at cluster scale, by simulation: `python -m bench.sim.multiturn`.
+"""Multi-turn rollout at cluster scale, by simulation (`python -m bench.sim.multiturn` runs it).
 
 The real comparison (bench.multiturn_compare) runs on two CPU cores; this shows the cluster-scale
 picture of the same question, session-sticky routing (verl, slime) against Seer's turns on divided
 rollout over a KV pool, with the production scheduler (the real Dispatcher, policies and turn
-handling, seer.scheduler) and modelled engines (bench.sim.instance, priced by the roofline of the
-paper's Moonlight deployment on H800s, bench.sim.hardware).
+handling, seer.scheduler) and modelled engines (seer.sim.instance, priced by the roofline of the
+paper's Moonlight deployment on H800s, seer.sim.hardware).
 
 The workload (`AgentWorkload`): trajectories of heavy-tailed turn counts (lognormal, correlated
 within a group: every sample of a prompt faces the same task), each turn's model tokens
 lognormal, each tool call's observation lognormal (the context grows by it every turn) and its
 latency lognormal (seconds: a sandbox or a web tool). Every configuration replays the same scripts
-(bench.turn_scripts). Prefix reuse is modelled per instance: a turn that runs where its history
+(seer.sim.scripts). Prefix reuse is modelled per instance: a turn that runs where its history
 last ran computes only the new observation; one that moves loads the history from the pool (Seer)
 at the measured pool-vs-prefill cost, or without a pool recomputes it. Engines keep every prefix
 they computed (no eviction), which favours sticky routing: real engines under memory pressure
 evict and recompute.
-
-Writes bench/results/sim/sim_multiturn.{json,md}.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
-import json
 import math
 import random
 import statistics
-import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from seer.rollout.divided import stats_from_result
 from seer.scheduler import SchedulerConfig
@@ -40,15 +33,11 @@ from seer.scheduler.dispatcher import Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
 from seer.scheduler.events import EnvWait
 from seer.scheduler.turns import StopMatcher, TurnReply
+from seer.sim.instance import SimSeq
+from seer.sim.scripts import Script, continuation_prefix, idle_while_tools
+from seer.sim.simulate import SimSettings, make_instances
+from seer.sim.workloads import PAPER_WORKLOADS, Workload
 from seer.types import GenerateResult, PromptSpec, SamplingParams
-
-from bench.sim.chunk_model import GPU_CLUSTER
-from bench.sim.instance import SimSeq
-from bench.sim.simulate import SimSettings, make_instances
-from bench.sim.speculation import AcceptanceTable
-from bench.sim.step_model import load
-from bench.turn_scripts import Script, continuation_prefix, idle_while_tools
-from bench.workloads import PAPER_WORKLOADS, Workload
 
 STICKY = "seer.scheduler.policies.sticky:SessionSticky"
 
@@ -80,8 +69,6 @@ class AgentWorkload:
     token_unit: int = 16  # real tokens per simulated token
 
     def workload(self) -> Workload:
-        from dataclasses import replace
-
         return replace(PAPER_WORKLOADS[self.base], instances=self.instances, groups=self.groups,
                        group_size=self.group_size, max_tokens=self.max_tokens, prompt_tokens=self.prompt_tokens,
                        chunk_size=self.chunk_size, token_unit=self.token_unit)
@@ -231,91 +218,3 @@ def simulate_multiturn(aw: AgentWorkload, cfg: SimConfig, scripts: dict, setting
         "pool_tokens_per_turn": pool_units * u / turns, "moved_turns_share": cont["moved_turns"] / turns,
         "preemptions": stats.preemptions, "sim_seconds": time.perf_counter() - t0,
     }
-
-
-def run(aw: AgentWorkload, seeds: list[int], settings: SimSettings, configs: Sequence[SimConfig] = CONFIGS) -> dict:
-    per_seed = []
-    for seed in seeds:
-        scripts = aw.scripts(seed)
-        per_seed.append({c.name: simulate_multiturn(aw, c, scripts, settings) for c in configs})
-    rows = {}
-    for c in configs:
-        rs = [p[c.name] for p in per_seed]
-        ratios = [p[c.name]["tokens_per_s"] / p["sticky"]["tokens_per_s"] for p in per_seed]
-        rows[c.name] = {**{k: (statistics.mean(r[k] for r in rs) if isinstance(rs[0][k], (int, float)) else rs[0][k])
-                           for k in rs[0]},
-                        "ratio": statistics.mean(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
-    sc = aw.scripts(seeds[0])
-    shape = {"trajectories": len(sc), "turns_median": statistics.median(len(s.turns) for s in sc.values()),
-             "turns_max": max(len(s.turns) for s in sc.values()),
-             "response_tokens_median": statistics.median(s.response_tokens for s in sc.values()) * aw.token_unit,
-             "response_tokens_max": max(s.response_tokens for s in sc.values()) * aw.token_unit}
-    return {"workload": asdict(aw), "shape": shape, "seeds": seeds, "configs": rows}
-
-
-def markdown(result: dict, command: str) -> str:
-    w, sh = result["workload"], result["shape"]
-    lines = [
-        f"`{command}`", "",
-        f"{w['instances']} instances of the paper's {w['base']} deployment (roofline step model), {w['groups']} groups "
-        f"x G={w['group_size']} = {sh['trajectories']} trajectories; turns lognormal median {w['median_turns']:g} "
-        f"(sigma {w['turns_sigma']:g}, group share {w['turns_icc']:.0%}; median {sh['turns_median']:g}, max "
-        f"{sh['turns_max']}), {w['turn_tokens']:g} model tokens per turn and {w['obs_tokens']:g} observation tokens "
-        f"per tool call (lognormal medians), tool latency lognormal median {w['tool_latency_s']:g} s sigma "
-        f"{w['tool_sigma']:g}; trajectories median {sh['response_tokens_median']:.0f} max "
-        f"{sh['response_tokens_max']:.0f} tokens; seeds {result['seeds']}.", "",
-        "| configuration | throughput vs sticky (min-max) | wall s | tail s | idle | idle while tools run | "
-        "history tokens / turn | recomputed / turn | from the pool / turn | turns moved | preemptions |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["configs"].values():
-        lines.append(
-            f"| {r['label']} | {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['wall_s']:.0f} | "
-            f"{r['tail_s']:.0f} | {r['idle_fraction']:.0%} | {r['idle_while_tools_fraction']:.0%} | "
-            f"{r['history_tokens_per_turn']:.0f} | {r['recomputed_tokens_per_turn']:.0f} | "
-            f"{r['pool_tokens_per_turn']:.0f} | {r['moved_turns_share']:.0%} | {r['preemptions']:.0f} |")
-    lines += ["", f"Simulated in {sum(r['sim_seconds'] for r in result['configs'].values()):.0f} s. Engines keep "
-              "every prefix they computed (no eviction), which favours sticky routing."]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sim.multiturn", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; each draws the trajectories anew")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an AgentWorkload field (instances=16, tool_latency_s=0.1, ...); needs --tag")
-    ap.add_argument("--turn-tokens", type=int, default=0,
-                    help="also Seer with turns in its group estimate, each priced at this many tokens; needs --tag")
-    ap.add_argument("--tag", default=None, help="write sim_multiturn_TAG.* instead")
-    ap.add_argument("--out", default="bench/results/sim", help="directory for the results' JSON and markdown")
-    args = ap.parse_args(argv)
-    fields = AgentWorkload.__dataclass_fields__
-    over = {}
-    for item in args.set:
-        k, _, v = item.partition("=")
-        if k not in fields or not v:
-            ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
-        over[k] = type(getattr(AgentWorkload(), k))(v)
-    if (over or args.turn_tokens) and not args.tag:
-        ap.error("--set and --turn-tokens change the run: give it a --tag so it does not overwrite the recorded results")
-    configs = list(CONFIGS)
-    if args.turn_tokens:
-        configs.insert(2, SimConfig("seer_turns", f"Seer, a turn priced at {args.turn_tokens} tokens in the estimate",
-                                    "context", chunked=True, pooled=True, turn_tokens=args.turn_tokens))
-    aw = AgentWorkload(**over)
-    settings = SimSettings(step=load().model, acceptance=AcceptanceTable.paper(), roofline=True, chunk_cost=GPU_CLUSTER)
-    command = " ".join(["python -m bench.sim.multiturn", *(sys.argv[1:] if argv is None else argv)])
-    result = run(aw, [int(s) for s in args.seeds.split(",")], settings, configs)
-    result["command"] = command
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "sim_multiturn" + (f"_{args.tag}" if args.tag else "")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(result, command) + "\n")
-    print(markdown(result, command))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
