@@ -40,7 +40,7 @@ def trajectories(model: str, n_prompts: int, group_size: int, max_tokens: int, s
     from seer.model import ensure_model
     from seer.procs import cpu_sets
 
-    from bench.compare import instance_specs
+    from bench.harness.instances import instance_specs
     from bench.multiturn_compare import MTSettings, _records, calculator_samples
 
     s = MTSettings(model=model, groups=n_prompts, group_size=group_size, max_tokens=max_tokens, seed=seed,

@@ -393,7 +393,7 @@ def run(s: MTSettings, progress=print) -> dict:
     from seer.model import ensure_model
     from seer.procs import cpu_sets
 
-    from bench.compare import instance_specs
+    from bench.harness.instances import instance_specs
 
     configs = [BY_NAME[n] for n in s.configs.split(",")]
     model_dir = Path(s.model) if Path(s.model).is_dir() else ensure_model(s.model, progress=False)
@@ -584,7 +584,7 @@ def plot(result: dict, traces: dict[str, dict], out: Path) -> None:
     """throughput.png: bars with the spread over repeats; timeline.png: per configuration, each
     instance's turns (one lane per concurrent chunk) and, below them in grey, the tool waits of the
     trajectories whose last turn ran there."""
-    from bench.compare import throughput_bars
+    from bench.harness.instances import throughput_bars
 
     throughput_bars(result["configs"], out / "throughput.png", "model tokens/s",
                     "multi-turn rollout (calculator task), per configuration",
@@ -644,7 +644,7 @@ def parse(argv: list[str] | None) -> MTSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.compare import run_command
+    from bench.harness.instances import run_command
 
     return run_command(argv, parse, run, markdown, render)
 

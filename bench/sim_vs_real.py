@@ -101,7 +101,8 @@ def _settings(model: Path):
 
 def real_rounds(model: Path, prompts, rounds: int, log_dir: Path, progress=print) -> list[dict[str, float]]:
     """Real tokens/s of each configuration, `rounds` times, order rotating."""
-    from bench.compare import instance_specs, run_one
+    from bench.compare import run_one
+    from bench.harness.instances import instance_specs
     from seer.sim.ladder import BenchConfig
     from bench.harness.trace_backend import TraceBackend
     from seer.fleet.pool import InstancePool

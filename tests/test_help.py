@@ -44,11 +44,15 @@ def test_every_flag_of_every_benchmark_has_a_help_text(name, monkeypatch):
     assert "--help" in p.format_help()  # help strings format (no stray %)
 
 
-def test_every_benchmark_module_with_a_command_line_is_a_seer_bench_command():
+def test_bench_is_the_seer_bench_experiments_and_their_harness():
+    """Every module of bench/ outside bench/harness/ is a seer-bench command (an experiment), and no
+    command lives in the harness."""
     modules = {m for m, _ in COMMANDS.values()}
-    with_main = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "bench").rglob("*.py")
-                 if "def main(argv" in p.read_text() and "add_argument" in p.read_text()}
-    assert with_main - modules == set()
+    experiments = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "bench").rglob("*.py")
+                   if "harness" not in p.parts and "results" not in p.parts
+                   and p.name not in ("__init__.py", "__main__.py")}
+    assert experiments - modules == set(), "bench/ modules that are no seer-bench command (bench/harness/ is for helpers)"
+    assert not {m for m in modules if m.startswith("bench.harness")}
 
 
 def test_seer_run_flags_have_help_texts(monkeypatch):

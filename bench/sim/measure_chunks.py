@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ChunkCost(f["latency_s"], f["instance_s"]).describe())
         return 0
 
-    from bench.compare import CompareSettings, _prompts, instance_specs, run_one
+    from bench.compare import CompareSettings, _prompts, run_one
+    from bench.harness.instances import instance_specs
     from seer.sim.ladder import BenchConfig
     from bench.harness.trace_backend import TraceBackend
     from seer.model import ensure_model
