@@ -45,7 +45,7 @@ class SpecCost:
     (None: the step model's ``per_token_s``, as any computed position) and a step with any draft
     ``spec_fixed`` x fixed_s more; ``zero_draft`` x fixed_s is what any step of a speculating
     instance costs over a plain instance's (vLLM's speculative path and the proposer's own work
-    when nothing is drafted: 40-70% before issue 20's changes, a few % after)."""
+    when nothing is drafted; docs/dgds.md, "Step breakdown", measures it)."""
 
     verify_token: float | None = None
     spec_fixed: float = 0.0
