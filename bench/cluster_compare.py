@@ -4,7 +4,7 @@
 
 Each repeat runs `seer-run --sync` once per placement, in alternating order: on the one-node Ray
 that seer-run starts for itself (both instances on one node, a core each), and on a two-node Ray
-cluster (bench.ray_nodes: 127.0.0.3 and 127.0.0.4, a core each; STRICT_SPREAD puts an instance
+cluster (bench.harness.ray_nodes: 127.0.0.3 and 127.0.0.4, a core each; STRICT_SPREAD puts an instance
 and a KV store on each node, so every chunk that changes instance changes node). Per run: rollout
 output tokens/s per instance, every iteration; the weight push (weight_sync_s); Ray's start-up.
 The workload moves every continuation chunk to the other instance, the pool's worst case.
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.proc_cpu import ProcCpu
+from bench.harness.proc_cpu import ProcCpu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "cluster_compare"
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=2, help="iterations per seer-run (weights pushed between them)")
     p.add_argument("--out", type=Path, default=OUT, help="results folder")
     args = p.parse_args(argv)
-    from bench.ray_nodes import RayNodes
+    from bench.harness.ray_nodes import RayNodes
 
     tmp = Path(tempfile.mkdtemp(prefix="seer-cc-", dir="/tmp"))
     env = dict(os.environ)  # seer-run starts its own Ray, with its own token
@@ -185,7 +185,7 @@ def markdown(r: dict) -> str:
         one, two = att["one_node"], att["two_nodes"]
         kinds = list(dict.fromkeys([*one["cores_in_use"], *two["cores_in_use"]]))
         lines += ["", "Where the rollout phases' CPU went (cores in use: CPU s of each kind of process / rollout s, "
-                  "all runs of a placement; bench/proc_cpu.py):", "",
+                  "all runs of a placement; bench/harness/proc_cpu.py):", "",
                   "| process | one node | two nodes |", "|---|---|---|"]
         lines += [f"| {k} | {one['cores_in_use'].get(k, 0):.3f} | {two['cores_in_use'].get(k, 0):.3f} |" for k in kinds]
         lines += [f"| all | {sum(one['cores_in_use'].values()):.3f} | {sum(two['cores_in_use'].values()):.3f} |",

@@ -6,7 +6,7 @@
     python -m bench.compare --render DIR                   # re-summarize DIR/compare.json
 
 The same workload (prompts, per-chunk seeds, sampling, instances) runs under each configuration
-of the ladder (bench.configs): baseline group round-robin, + divided rollout, + context-aware
+of the ladder (seer.sim.ladder): baseline group round-robin, + divided rollout, + context-aware
 scheduling, + grouped speculative decoding (DGDS), and oracle longest-first. Instances start
 once and serve every configuration; the speculative one needs vLLM's speculative flag, so it has
 its own instances (same cores, idle while the others run) and the DGDS server. Configurations
@@ -16,8 +16,8 @@ runs first on each pool.
 
 Modes: `model` (default) generates with the model on the built-in task, lengths are the model's
 own; the oracle gets the lengths of the warm-up run (same chunking, same seeds). `trace` gives every
-request a hidden heavy-tailed, group-correlated target length (bench.workloads) that only the
-instances (bench.trace_backend) and the oracle see. `replay` takes those target lengths from the
+request a hidden heavy-tailed, group-correlated target length (seer.sim.workloads) that only the
+instances (bench.harness.trace_backend) and the oracle see. `replay` takes those target lengths from the
 model itself: the warm-up run (model mode) samples every request's length once, and every
 configuration and repeat then generates with the model up to exactly those lengths. Model mode's
 wall time is dominated by the longest sampled response, which differs from run to run (a
@@ -47,10 +47,11 @@ from seer.kvpool import KVPool
 from seer.kvpool.config import KVPoolConfig
 from seer.scheduler import RolloutDriver, SchedulerConfig, true_lengths_from_samples
 
-from bench.breakdown import breakdown, format_breakdown, scrape
-from bench.configs import BenchConfig, parse_bool, select
-from bench.trace_backend import TraceBackend
-from bench.workloads import LengthModel
+from bench.harness.breakdown import breakdown, format_breakdown, scrape
+from bench.harness.instances import instance_specs, run_command, throughput_bars
+from seer.sim.ladder import BenchConfig, parse_bool, select
+from bench.harness.trace_backend import TraceBackend
+from seer.sim.workloads import LengthModel
 
 @dataclass(frozen=True)
 class CompareSettings:
@@ -76,8 +77,8 @@ class CompareSettings:
     # it. The baseline keeps its own plain instances (group round-robin never moves a request).
     kv_pool: bool = False
     kv_pool_bytes: int = 1 << 30  # memory of that pool
-    configs: str = "all"  # comma-separated configurations (bench.configs), e.g. baseline,context; or all
-    verbose: int = 0  # 1: print each run's time breakdown (bench.breakdown)
+    configs: str = "all"  # comma-separated configurations (seer.sim.ladder), e.g. baseline,context; or all
+    verbose: int = 0  # 1: print each run's time breakdown (bench.harness.breakdown)
     preset: str = ""  # a named workload (PRESETS); flags given with it override its settings
     out: str = "bench/results/compare"  # where compare.json, compare.md and the plots go
 
@@ -159,27 +160,6 @@ def _prompts(s: CompareSettings, model_dir: Path) -> list[PromptSpec]:
     tok = AutoTokenizer.from_pretrained(model_dir)
     records = load_task(TaskConfig(num_prompts=s.groups, seed=s.seed)).records
     return encode_prompts(records, tok, s.max_model_len, min_new_tokens=s.max_tokens)
-
-
-def instance_specs(s: CompareSettings, model_dir: Path, cores: list[str], prefix: str = "inst",
-                   extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                   priority: bool = False) -> list:
-    """The benchmark's vLLM instances, one per core set, as `s` sizes them.
-
-    Dev mode: /reset_prefix_cache between runs. No chunked prefill: vLLM 0.32's CPU backend fails
-    on seeded requests whose prefill is split over steps. (A step budget as large as
-    max_num_seqs x max_model_len did the same, but vLLM's start-up profiles a batch of that many
-    tokens, which runs out of memory for the default model with 256 sequences.)
-    """
-    from seer.fleet.instance import InstanceSpec
-    from seer.procs import free_port
-
-    batched = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, s.max_model_len)))
-    return [InstanceSpec(f"{prefix}{i}", str(model_dir), free_port(), cpus=c, max_model_len=s.max_model_len,
-                         kv_cache_bytes=s.kv_cache_bytes, max_num_seqs=s.max_num_seqs, seed=s.seed,
-                         weight_sync=False, env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
-                         extra_args=(*batched, *extra_args), scheduling_policy="priority" if priority else "fcfs")
-            for i, c in enumerate(cores)]
 
 
 def run(s: CompareSettings, progress=print) -> dict:
@@ -288,7 +268,7 @@ def write(s: CompareSettings, configs: list[BenchConfig], runs: list[ConfigRun],
     result = summarize(s, configs, runs)
     result["elapsed_s"] = elapsed_s
     (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / "compare.md").write_text(markdown(result) + "\n\nWhere the time went (bench.breakdown):\n\n"
+    (out / "compare.md").write_text(markdown(result) + "\n\nWhere the time went (bench.harness.breakdown):\n\n"
                                     + breakdown_markdown(result) + "\n")
     plot(result, runs, out)
     return result
@@ -397,7 +377,7 @@ def longest_cell(bs: list[dict]) -> str:
 
 
 def breakdown_markdown(result: dict) -> str:
-    """Where each configuration's time went (bench.breakdown), mean over repeats, from the runs'
+    """Where each configuration's time went (bench.harness.breakdown), mean over repeats, from the runs'
     stats: works on a fresh result and on a loaded compare.json alike."""
     lines = [
         "| configuration | busy | chunks in flight per instance | engine steps (max instance) | ms/step | "
@@ -434,30 +414,6 @@ def plot(result: dict, runs: list[ConfigRun], out: Path) -> None:
                     lambda r: "" if r["ratio"] is None else f"{r['ratio']:.2f}x")
     timeline_plot([(r.config, r.stats.extra.get("kv_timeline", [])) for r in runs if r.repeat == 0],
                   out / "timelines.png")
-
-
-def throughput_bars(rows: dict[str, dict], path: Path, ylabel: str, title: str, note, headroom: float = 1.12) -> None:
-    """Bars of each row's `tokens_per_s` with whiskers from its min to max over repeats, `note(row)`
-    written above each whisker."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(rows)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    means = [rows[n]["tokens_per_s"] for n in names]
-    err = [[m - rows[n]["tokens_per_s_min"] for m, n in zip(means, names)],
-           [rows[n]["tokens_per_s_max"] - m for m, n in zip(means, names)]]
-    ax.bar(names, means, yerr=err, capsize=4, color="tab:blue")
-    for i, n in enumerate(names):
-        ax.text(i, rows[n]["tokens_per_s_max"], note(rows[n]), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, headroom * max(rows[n]["tokens_per_s_max"] for n in names))  # room for the labels
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"{title}\n(bars: mean, whiskers: min-max over repeats)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def timeline_plot(series: list[tuple[str, list[dict]]], path: Path) -> None:
@@ -505,21 +461,6 @@ def parse(argv: list[str] | None) -> CompareSettings:
                         help=notes[f].replace("%", "%%") + " (default: %(default)s)",
                         **({"choices": ["", *PRESETS]} if f == "preset" else {}))
     return CompareSettings(**vars(ap.parse_args(argv)))
-
-
-def run_command(argv: list[str] | None, parse, run, markdown, render) -> int:
-    """A comparison's command line: `--render DIR` re-summarizes a saved run, else parse the flags,
-    run, print the table (bench.compare, bench.multiturn_compare)."""
-    if argv is None:
-        import sys
-
-        argv = sys.argv[1:]
-    if argv[:1] == ["--render"]:
-        print(markdown(render(Path(argv[1]))))
-        return 0
-    result = run(parse(argv), progress=lambda m: print(m, flush=True))
-    print(markdown(result))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from bench.dgds_acceptance_sim import merge, ngram_accepted_at, replay, tree_accepted_at
+from bench.harness.dgds_acceptance_sim import merge, ngram_accepted_at, replay, tree_accepted_at
 from seer.dgds.types import DraftParams
 from seer.request_ids import request_id
 

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_s = c1 - c0
     sync = server_lat.get("SyncLane" if a.transport == "lane" else "SyncStream", {})
     reg = server_lat.get("RegisterGroups", {})
-    from bench.provenance import code_version
+    from bench.harness.provenance import code_version
 
     commit, dirty = code_version()
     summary = {

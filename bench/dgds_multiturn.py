@@ -25,8 +25,8 @@ import json
 import time
 from pathlib import Path
 
-from bench.dgds_acceptance_sim import merge, replay, turns_accepted_at
-from bench.provenance import code_version
+from bench.harness.dgds_acceptance_sim import merge, replay, turns_accepted_at
+from bench.harness.provenance import code_version
 from seer.dgds.types import DraftParams
 
 TREES = {"model tokens only (Seer's proposer)": False, "with the observations": True}
@@ -40,7 +40,7 @@ def trajectories(model: str, n_prompts: int, group_size: int, max_tokens: int, s
     from seer.model import ensure_model
     from seer.procs import cpu_sets
 
-    from bench.compare import instance_specs
+    from bench.harness.instances import instance_specs
     from bench.multiturn_compare import MTSettings, _records, calculator_samples
 
     s = MTSettings(model=model, groups=n_prompts, group_size=group_size, max_tokens=max_tokens, seed=seed,

@@ -10,6 +10,7 @@ with arguments, those pytest node ids only (to re-record one). A test that fails
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -29,7 +30,11 @@ TESTS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    tests = list(sys.argv[1:] if argv is None else argv) or list(TESTS)
+    ap = argparse.ArgumentParser(prog="python -m bench.failures", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tests", nargs="*", metavar="TEST",
+                    help="pytest node ids to record (default: every failure test listed in TESTS)")
+    tests = ap.parse_args(argv).tests or list(TESTS)
     env = {**os.environ, "SEER_RECORD": "1"}
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *tests],
                            cwd=ROOT, env=env)

@@ -7,7 +7,7 @@
 The built-in multi-turn task (task.name=calculator: the model calls a calculator once per turn and
 copies its answer forward) with replayed lengths and tool latencies: an untimed warm-up runs the
 `calc` model against the real calculator environment once, and records every trajectory's turn
-lengths and observations (bench.turn_scripts); tool latencies are lognormal draws fixed per
+lengths and observations (seer.sim.scripts); tool latencies are lognormal draws fixed per
 trajectory and turn (`--latency-median-s`, `--latency-sigma`). Every configuration and repeat then
 generates exactly those turns with the model and waits exactly those latencies, so they differ by
 scheduling only:
@@ -61,10 +61,11 @@ from seer.scheduler.turns import StopMatcher
 from seer.types import PromptSpec, SamplingParams
 from seer.watch.trace import build_trace, write_trace
 
-from bench.configs import parse_bool
-from bench.turn_scripts import ReplayBackend, ReplayEnv, ReplayTable, Script, continuation_prefix, idle_while_tools
-from bench.turn_scripts import script_from_sample, tool_latencies
-from bench.turn_scripts import true_lengths as script_lengths
+from seer.sim.ladder import parse_bool
+from seer.sim.scripts import Script, continuation_prefix, idle_while_tools, script_from_sample, tool_latencies
+from seer.sim.scripts import true_lengths as script_lengths
+
+from bench.harness.replay import ReplayBackend, ReplayEnv, ReplayTable
 
 STICKY = "seer.scheduler.policies.sticky:SessionSticky"
 
@@ -392,7 +393,7 @@ def run(s: MTSettings, progress=print) -> dict:
     from seer.model import ensure_model
     from seer.procs import cpu_sets
 
-    from bench.compare import instance_specs
+    from bench.harness.instances import instance_specs
 
     configs = [BY_NAME[n] for n in s.configs.split(",")]
     model_dir = Path(s.model) if Path(s.model).is_dir() else ensure_model(s.model, progress=False)
@@ -583,7 +584,7 @@ def plot(result: dict, traces: dict[str, dict], out: Path) -> None:
     """throughput.png: bars with the spread over repeats; timeline.png: per configuration, each
     instance's turns (one lane per concurrent chunk) and, below them in grey, the tool waits of the
     trajectories whose last turn ran there."""
-    from bench.compare import throughput_bars
+    from bench.harness.instances import throughput_bars
 
     throughput_bars(result["configs"], out / "throughput.png", "model tokens/s",
                     "multi-turn rollout (calculator task), per configuration",
@@ -643,7 +644,7 @@ def parse(argv: list[str] | None) -> MTSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.compare import run_command
+    from bench.harness.instances import run_command
 
     return run_command(argv, parse, run, markdown, render)
 

@@ -5,11 +5,11 @@
 (under the vLLM lock on a shared machine: `flock /tmp/seer-vllm.lock env LD_PRELOAD=... python -m ...`)
 
 Real: two vLLM instances of the tiny model (one core each, pinned whole), hidden lengths enforced
-by bench.trace_backend, each configuration once per round (order rotating: A B C, B C A, C A B,
+by bench.harness.trace_backend, each configuration once per round (order rotating: A B C, B C A, C A B,
 ...) through bench.compare.run_one (no KV pool: a chunk that moves recomputes its prefix).
 Simulated: the same workload, lengths, prompt lengths, batch limit, KV block and policies through
-bench.sim, with the step model fitted from bench/sim/step_times.json and the per-chunk cost fitted
-from bench/sim/chunk_costs.json (`python -m bench.sim.measure_chunks`, docs/bench.md). A pair counts
+seer.sim, with the step model fitted from seer/sim/step_times.json and the per-chunk cost fitted
+from seer/sim/chunk_costs.json (`python -m bench.sim.measure_chunks`, docs/bench.md). A pair counts
 when the simulator puts one configuration > 20% above the other; its real order is the median,
 over rounds, of the ratio within a round (runs next to each other share the machine's load).
 
@@ -22,13 +22,9 @@ The simulator puts divided rollout and context-aware scheduling 1.4x above the b
 them with it when the long groups are swapped onto different instances, so the order is decided
 by balance.
 
-This was a test (tests/bench/test_sim_vs_real.py) until real ratios per round ranged 0.87-1.29 on
-a loaded machine: an order of timed runs on a shared 2-core box is a measurement, not a check.
-The test keeps what is deterministic: the simulator's order on this workload and on the prompt
-lengths this benchmark recorded. History: the first version failed while only vLLM's OpenMP
-threads were bound to an instance's core (an idle instance handed its core to the busy one; the
-chunked configurations measured 0.58-0.82x of the baseline); instances are now pinned whole
-(seer.procs.guard --cpus), as on a cluster.
+A benchmark, not a test: timed runs on a shared 2-core machine order a pair the same way only most
+of the time; tests/bench/test_sim_vs_real.py keeps the deterministic part (the simulator's order).
+Its earlier versions: docs/bench-log.md, "the sim-vs-real test's earlier versions".
 
 Writes `<out>/sim_vs_real.json` (settings, simulated and real tokens/s, ratios per round, medians,
 whether each pair agrees, load average, the exact command) and `<out>/sim_vs_real.md`.
@@ -48,12 +44,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.configs import BY_NAME
-from bench.sim.chunk_model import load_chunk_costs
-from bench.sim.simulate import SimSettings, simulate
-from bench.sim.speculation import AcceptanceTable
-from bench.sim.step_model import load
-from bench.workloads import Workload
+from seer.sim.ladder import BY_NAME
+from seer.sim.chunk_model import load_chunk_costs
+from seer.sim.simulate import SimSettings, simulate
+from seer.sim.speculation import AcceptanceTable
+from seer.sim.step_model import load
+from seer.sim.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "sim_vs_real"
@@ -105,9 +101,10 @@ def _settings(model: Path):
 
 def real_rounds(model: Path, prompts, rounds: int, log_dir: Path, progress=print) -> list[dict[str, float]]:
     """Real tokens/s of each configuration, `rounds` times, order rotating."""
-    from bench.compare import instance_specs, run_one
-    from bench.configs import BenchConfig
-    from bench.trace_backend import TraceBackend
+    from bench.compare import run_one
+    from bench.harness.instances import instance_specs
+    from seer.sim.ladder import BenchConfig
+    from bench.harness.trace_backend import TraceBackend
     from seer.fleet.pool import InstancePool
     from seer.procs import cpu_sets
 

@@ -3,7 +3,7 @@
     python -m bench.spec_breakdown [--model default] [--batches 1,2,4,8,16,32] [--gammas 0,2,4,8,adaptive]
                                    [--tokens 128] [--repeats 2] [--rollout]
 
-Two one-core vLLM CPU instances of the same model, timed per engine step by ``bench.spec_probe``
+Two one-core vLLM CPU instances of the same model, timed per engine step by ``bench.harness.spec_probe``
 (vLLM's ``--scheduler-cls`` and ``--worker-cls`` hooks; nothing in vLLM or Seer changes):
 ``plain`` without speculation and ``spec`` with the DGDS proposer (gamma_max 8, a DGDS server in
 this process), whose draft length the probe forces per phase (``adaptive`` is Algorithm 1).
@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.provenance import code_version
+from bench.harness.provenance import code_version
 from seer.dgds.vllm import EXECUTOR_ARGS, speculative_config
 from seer.procs.vllm_metrics import spec_decode_counters
 from seer.request_ids import request_id
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             (probe_root / name / f).unlink(missing_ok=True)
     dgds = DgdsServer("127.0.0.1", 0).start()
     common = dict(max_model_len=4096, kv_cache_bytes=256 << 20, max_num_seqs=64)
-    probe = ("--scheduler-cls", "bench.spec_probe.TimedScheduler", "--worker-cls", "bench.spec_probe.TimedCPUWorker",
+    probe = ("--scheduler-cls", "bench.harness.spec_probe.TimedScheduler", "--worker-cls", "bench.harness.spec_probe.TimedCPUWorker",
              "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
     pypath = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
     specs = [

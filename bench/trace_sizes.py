@@ -33,12 +33,12 @@ def measure(path: Path) -> dict:
 
 
 def simulated(scenario: str, config: str, scale: float, out: Path) -> dict:
-    from bench.configs import select
-    from bench.sim.chunk_model import GPU_CLUSTER
-    from bench.sim.simulate import SimSettings, simulate
-    from bench.sim.speculation import AcceptanceTable
-    from bench.sim.step_model import STEP_TIMES, load
-    from bench.workloads import PAPER_WORKLOADS
+    from seer.sim.ladder import select
+    from seer.sim.chunk_model import GPU_CLUSTER
+    from seer.sim.simulate import SimSettings, simulate
+    from seer.sim.speculation import AcceptanceTable
+    from seer.sim.step_model import STEP_TIMES, load
+    from seer.sim.workloads import PAPER_WORKLOADS
 
     w = PAPER_WORKLOADS[scenario].scaled(scale) if scale != 1.0 else PAPER_WORKLOADS[scenario]
     settings = SimSettings(step=load(str(STEP_TIMES)).model, acceptance=AcceptanceTable.paper(), roofline=True,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="a seer-run run directory (its rollouts/iter_*.trace.json)")
     ap.add_argument("--scenario", default="kimik2", help="the simulator's paper workload to measure")
-    ap.add_argument("--config", default="context", help="the simulated configuration (bench.configs)")
+    ap.add_argument("--config", default="context", help="the simulated configuration (seer.sim.ladder)")
     ap.add_argument("--scale", type=float, default=0.375,
                     help="fraction of the paper's instances and requests (bench.sim's default for kimik2)")
     ap.add_argument("--out", default="bench/results/trace_sizes", help="where the results go")

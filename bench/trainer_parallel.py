@@ -9,7 +9,7 @@ both signs; rollout log-probs present), at DP=1, DP=2 and TP=2, in two placement
 
 - one node: Seer's own one-node Ray (seer.fleet.ray_cluster, 127.0.0.2, both cores); the ranks
   share the two cores (DP=1 runs 2 torch threads, DP=2 and TP=2 one thread per rank);
-- two nodes: bench.ray_nodes (127.0.0.3 and .4, a core each), STRICT_SPREAD: a rank per node,
+- two nodes: bench.harness.ray_nodes (127.0.0.3 and .4, a core each), STRICT_SPREAD: a rank per node,
   one thread each (DP=1: one rank on one node, one thread).
 
 Per configuration: the first step captures the reduced gradients (both mini-batches, before
@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.provenance import code_version
+from bench.harness.provenance import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "trainer_parallel"
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads((args.out / "trainer_parallel.json").read_text())
         write(result, args.out)
         return 0
-    from bench.ray_nodes import RayNodes
+    from bench.harness.ray_nodes import RayNodes
 
     t_start = time.monotonic()
     parts = args.parts.split(",")

@@ -5,7 +5,7 @@
 For each model (the embedded default, and a larger HF Qwen2 with random weights: hidden 1024,
 12 layers, 16 heads / 4 KV heads, intermediate 2816, vocab 320, fp32, ~541 MB, built once into the
 cache) and each placement (one Ray node with both instances, a core each; two simulated nodes,
-127.0.0.3 and .4, an instance and a core each: bench.ray_nodes), one fleet of two instances is
+127.0.0.3 and .4, an instance and a core each: bench.harness.ray_nodes), one fleet of two instances is
 launched and weight versions are pushed with each transport, `--repeats` times:
 
 - shared-fs: the trainer's export writes the checkpoint directory (as the job's export does), and
@@ -36,7 +36,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.provenance import code_version
+from bench.harness.provenance import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "weight_push"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         (args.out / "weight_push.md").write_text(markdown(json.loads((args.out / "weight_push.json").read_text())))
         return 0
-    from bench.ray_nodes import RayNodes
+    from bench.harness.ray_nodes import RayNodes
     from seer.model import resolve_model
 
     t_start = time.monotonic()

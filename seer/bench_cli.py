@@ -1,9 +1,11 @@
-"""`seer-bench`: the benchmarks of a checkout (`bench/` next to the `seer` package).
+"""`seer-bench`: the experiments of a Seer checkout (`bench/`, next to the `seer` package).
 
     seer-bench COMMAND [its flags]      seer-bench COMMAND --help says what each flag does
 
-The benchmarks are not part of the installed package (they need the repository's measured data
-and write results into it), so this entry point runs them from the checkout it was installed from.
+The experiments are not part of the installed package (they write their results into the
+repository's bench/results/); what they run is (the simulator is `seer.sim`). So a command runs
+from the checkout this package was installed from, or else from the checkout the current
+directory is in; a command whose module is in `seer/` would run from the package alone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ COMMANDS = {
     "sim-calibrate": ("bench.sim.calibrate", "fit the simulator's step model to measured step times"),
     "sim-measure-steps": ("bench.sim.measure_steps", "measure vLLM step times on this machine (long)"),
     "sim-measure-chunks": ("bench.sim.measure_chunks", "measure the per-chunk cost on real instances (long)"),
+    "sim-replay-compare": ("bench.sim.replay_compare", "the simulator replaying a recorded `compare` run's lengths"),
     "dgds-acceptance": ("bench.dgds_acceptance", "DGDS acceptance length by number of group references"),
     "dgds-multiturn": ("bench.dgds_multiturn", "DGDS on multi-turn trajectories: observations in the group tree or not"),
     "dgds-hotpath": ("bench.dgds_hotpath", "suffix-tree append and drafting cost per core"),
@@ -35,6 +38,7 @@ COMMANDS = {
     "cluster-compare": ("bench.cluster_compare", "one Ray node vs two simulated nodes, paired (long)"),
     "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
     "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
+    "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),
 }
 
 
@@ -52,15 +56,29 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"seer-bench: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "configs.py").exists():
-        print(f"seer-bench needs a source checkout: no bench/ next to {Path(__file__).parent}", file=sys.stderr)
-        return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    module = COMMANDS[argv[0]][0]
+    if module.startswith("bench."):
+        root = checkout(Path(__file__).resolve().parents[1], Path.cwd())
+        if root is None:
+            print(f"seer-bench {argv[0]}: this experiment is {module}, in a Seer checkout's bench/, which is not "
+                  f"installed with the package (no bench/ next to {Path(__file__).parent}, nor in {Path.cwd()} "
+                  f"or a folder above it). Run seer-bench from inside a checkout, or `python -m {module}` there.",
+                  file=sys.stderr)
+            return 2
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
     import importlib
 
-    return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
+    return int(importlib.import_module(module).main(argv[1:]) or 0)
+
+
+def checkout(package_parent: Path, cwd: Path) -> Path | None:
+    """The repository whose bench/ the experiments run from: the one the package sits in (a source
+    or editable install), else the one `cwd` is in; None when neither is a checkout."""
+    for root in (package_parent, cwd, *cwd.parents):
+        if (root / "bench" / "harness").is_dir() and (root / "bench" / "results").is_dir():
+            return root
+    return None
 
 
 if __name__ == "__main__":

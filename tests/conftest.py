@@ -115,7 +115,7 @@ def ray_two_nodes():
     """A real two-node Ray cluster: head 127.0.0.3 on core 0, a node 127.0.0.4 on core 1, each its
     own `ray start` (tests.ray_nodes). Jobs join it with cluster.address; a test that loses a node
     brings it back (`RayNodes.revive`)."""
-    from bench.ray_nodes import RayNodes
+    from bench.harness.ray_nodes import RayNodes
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:

@@ -44,11 +44,15 @@ def test_every_flag_of_every_benchmark_has_a_help_text(name, monkeypatch):
     assert "--help" in p.format_help()  # help strings format (no stray %)
 
 
-def test_every_benchmark_module_with_a_command_line_is_a_seer_bench_command():
+def test_bench_is_the_seer_bench_experiments_and_their_harness():
+    """Every module of bench/ outside bench/harness/ is a seer-bench command (an experiment), and no
+    command lives in the harness."""
     modules = {m for m, _ in COMMANDS.values()}
-    with_main = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "bench").rglob("*.py")
-                 if "def main(argv" in p.read_text() and "add_argument" in p.read_text()}
-    assert with_main - modules == set()
+    experiments = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "bench").rglob("*.py")
+                   if "harness" not in p.parts and "results" not in p.parts
+                   and p.name not in ("__init__.py", "__main__.py")}
+    assert experiments - modules == set(), "bench/ modules that are no seer-bench command (bench/harness/ is for helpers)"
+    assert not {m for m in modules if m.startswith("bench.harness")}
 
 
 def test_seer_run_flags_have_help_texts(monkeypatch):
@@ -64,3 +68,26 @@ def test_seer_bench_lists_its_commands_and_runs_one_with_help():
     r = subprocess.run([sys.executable, "-m", "seer.bench_cli", "dgds-hotpath", "--help"], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "--group-size" in r.stdout and "requests per group" in r.stdout, r.stderr
+
+
+def test_seer_bench_finds_the_checkout_of_the_package_or_of_the_working_directory(tmp_path):
+    from seer.bench_cli import checkout
+
+    repo = tmp_path / "repo"
+    (repo / "bench" / "harness").mkdir(parents=True)
+    (repo / "bench" / "results").mkdir()
+    (repo / "sub" / "dir").mkdir(parents=True)
+    site = tmp_path / "site-packages"  # an installed package: no bench/ next to it
+    site.mkdir()
+    assert checkout(repo, tmp_path) == repo  # a source or editable install
+    assert checkout(site, repo / "sub" / "dir") == repo  # installed, run from inside a checkout
+    assert checkout(site, tmp_path) is None
+
+
+def test_seer_bench_outside_a_checkout_says_the_experiment_needs_one(monkeypatch, capsys):
+    from seer import bench_cli
+
+    monkeypatch.setattr(bench_cli, "checkout", lambda package_parent, cwd: None)
+    assert bench_cli.main(["sim", "--help"]) == 2
+    err = capsys.readouterr().err
+    assert "bench.sim.run" in err and "not installed with the package" in err and "checkout" in err

@@ -136,6 +136,18 @@ def test_index_rows_name_a_date_a_commit_a_status_and_a_command():
         assert re.fullmatch(r"`python (-m bench\.|bench/)\S.*`", row["command"]), row
 
 
+def test_every_index_command_names_a_module_of_this_checkout():
+    """A recorded command still runs: `python -m bench.x.y` is a module (or a package with a
+    __main__) under bench/, `python bench/x.py` a file (the index says what replaced a moved one)."""
+    missing = []
+    for row in index_rows():
+        m = re.match(r"`python (?:-m ([\w.]+)|(bench/[\w/]+\.py))", row["command"])
+        path = ROOT / m.group(2) if m.group(2) else ROOT.joinpath(*m.group(1).split("."))
+        if not (path.is_file() or path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+            missing.append(row["command"])
+    assert not missing, f"index commands whose module is gone: {missing}"
+
+
 # bench-log.md is the dated history: it names results that later recordings replaced
 DOCS = [ROOT / "README.md", *sorted(d for d in (ROOT / "docs").glob("*.md") if d.name != "bench-log.md")]
 

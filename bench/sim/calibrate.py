@@ -8,10 +8,10 @@ the simulated baseline (full scale, several seeds, the measured step model) pree
 and reports the share of GPU memory it implies. The count is not one of the ablation ratios the
 simulator is checked on, so those stay predictions.
 
-Nothing comparable is published for Moonlight or Kimi-K2; `bench/workloads.py` says what is
+Nothing comparable is published for Moonlight or Kimi-K2; `seer/sim/workloads.py` says what is
 assumed for them, and this reports the baseline preemptions those assumptions give (predictions),
 and the Qwen2-VL-72B baseline's idle share next to the paper's 37% (a check, not a target).
-Writes bench/results/sim/sim_calibration.{json,md}; `bench/workloads.py` holds the value found.
+Writes bench/results/sim/sim_calibration.{json,md}; `seer/sim/workloads.py` holds the value found.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.configs import BY_NAME
-from bench.sim.hardware import MODELS, memory_fraction_for
-from bench.sim.simulate import SimSettings, simulate
-from bench.sim.speculation import AcceptanceTable
-from bench.sim.step_model import load
-from bench.workloads import KIMI_K2_MEMORY_FRACTION, PAPER_WORKLOADS, ROLLOUT_MEMORY_FRACTION, Workload
+from seer.sim.ladder import BY_NAME
+from seer.sim.hardware import MODELS, memory_fraction_for
+from seer.sim.simulate import SimSettings, simulate
+from seer.sim.speculation import AcceptanceTable
+from seer.sim.step_model import load
+from seer.sim.workloads import KIMI_K2_MEMORY_FRACTION, PAPER_WORKLOADS, ROLLOUT_MEMORY_FRACTION, Workload
 
 TARGET_PREEMPTIONS = 13_686  # paper: Qwen2-VL-72B baseline, one iteration
 PAPER_IDLE = 0.37  # paper: the baseline's instances idle 37% of the time (Qwen2-VL-72B)

@@ -1,13 +1,13 @@
 """Measure what one more chunk costs on real vLLM instances, for the simulator.
 
-    python -m bench.sim.measure_chunks [--model tiny] [--out bench/sim/chunk_costs.json]
+    python -m bench.sim.measure_chunks [--model tiny] [--out seer/sim/chunk_costs.json]
 
-Divided rollout sends a request to an instance once per chunk; `bench.sim.chunk_model` says what
+Divided rollout sends a request to an instance once per chunk; `seer.sim.chunk_model` says what
 that costs and how it is fitted. This measures it on the production path
-(`bench.compare.run_one`: RolloutDriver, divided policy, `bench.trace_backend`, two instances of
+(`bench.compare.run_one`: RolloutDriver, divided policy, `bench.harness.trace_backend`, two instances of
 one core each): every request exactly `--tokens` long, run as one chunk per request and again cut
 into about 2, 4 and 8 chunks, at several numbers of requests per instance, order alternating over
-repeats. The breakdown of every run (`bench.breakdown`: HTTP/API overhead per chunk, prefill computed vs
+repeats. The breakdown of every run (`bench.harness.breakdown`: HTTP/API overhead per chunk, prefill computed vs
 cached) is kept next to them. Takes about 4 minutes with the tiny model.
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.sim.chunk_model import CHUNK_COSTS, ChunkCost, fit
+from seer.sim.chunk_model import CHUNK_COSTS, ChunkCost, fit
 
 DEFAULT_OUT = CHUNK_COSTS
 KV_TOKENS = 131072  # 64 MiB per instance at the tiny model's 512 B of KV per token
@@ -30,14 +30,14 @@ MAX_SEQS = 128
 
 
 def step_model_wall_s(run: dict, tokens: int) -> float:
-    """The wall time the step model (bench/sim/step_times.json) gives the run's workload as one
+    """The wall time the step model (seer/sim/step_times.json) gives the run's workload as one
     chunk per request with no chunk cost: the simulator on two modelled instances."""
-    from bench.configs import BenchConfig
-    from bench.sim.chunk_model import ChunkCost
-    from bench.sim.simulate import SimSettings, simulate
-    from bench.sim.speculation import AcceptanceTable
-    from bench.sim.step_model import load
-    from bench.workloads import Workload
+    from seer.sim.ladder import BenchConfig
+    from seer.sim.chunk_model import ChunkCost
+    from seer.sim.simulate import SimSettings, simulate
+    from seer.sim.speculation import AcceptanceTable
+    from seer.sim.step_model import load
+    from seer.sim.workloads import Workload
 
     groups = run["requests"] // run["group_size"]
     w = Workload("measure", instances=2, groups=groups, group_size=run["group_size"], max_tokens=tokens,
@@ -74,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print(ChunkCost(f["latency_s"], f["instance_s"]).describe())
         return 0
 
-    from bench.compare import CompareSettings, _prompts, instance_specs, run_one
-    from bench.configs import BenchConfig
-    from bench.trace_backend import TraceBackend
+    from bench.compare import CompareSettings, _prompts, run_one
+    from bench.harness.instances import instance_specs
+    from seer.sim.ladder import BenchConfig
+    from bench.harness.trace_backend import TraceBackend
     from seer.model import ensure_model
     from seer.procs import cpu_sets
     from seer.fleet.pool import InstancePool

@@ -1,6 +1,6 @@
 """Measure a real vLLM instance's decode step time vs batch size and context, for the simulator.
 
-    python -m bench.sim.measure_steps [--model tiny] [--cpus 0] [--out bench/sim/step_times.json]
+    python -m bench.sim.measure_steps [--model tiny] [--cpus 0] [--out seer/sim/step_times.json]
 
 The simulator's instances need a step-time model; rather than invent one, this measures it:
 for each batch size B and prompt length P, B requests run together with `ignore_eos`, once with
@@ -22,9 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
+from seer.sim.step_model import STEP_TIMES
 from seer.types import GenerateRequest, SamplingParams
 
-DEFAULT_OUT = Path(__file__).with_name("step_times.json")
+DEFAULT_OUT = STEP_TIMES  # the simulator reads it from there (seer/sim/step_times.json)
 
 
 def _prompt(rng: random.Random, length: int, vocab: int) -> list[int]:

@@ -11,24 +11,25 @@ the ratios are what is compared.
 
 Grouped SD is simulated when the run is paired with a recorded ``bench.spec_breakdown`` of the
 same code (``BREAKDOWN``, or ``SPEC_BREAKDOWN`` for the runs listed there): what verifying drafts
-costs relative to a step's fixed cost comes from it (``bench.sim.speculation.SpecCost.measured``),
+costs relative to a step's fixed cost comes from it (``seer.sim.speculation.SpecCost.measured``),
 the acceptance from the offline measurement of this model (``bench/results/dgds_acceptance``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench.configs import select
-from bench.sim.chunk_model import load_chunk_costs
-from bench.sim.simulate import SimSettings, simulate
-from bench.sim.speculation import AcceptanceTable, SpecCost
-from bench.sim.step_model import load
-from bench.workloads import Workload
+from seer.sim.ladder import select
+from seer.sim.chunk_model import load_chunk_costs
+from seer.sim.simulate import SimSettings, simulate
+from seer.sim.speculation import AcceptanceTable, SpecCost
+from seer.sim.step_model import load
+from seer.sim.workloads import Workload
 from seer.kvpool.accounting import kv_bytes_per_token as pool_kv_bytes_per_token
 from seer.model.presets import get_preset
 
@@ -86,9 +87,17 @@ def ratios(path: str, breakdown: str | None = None) -> tuple[dict[str, float], d
     return ({n: v / real[ref] for n, v in real.items()}, {n: v / sim[ref] for n, v in sim.items()}, about)
 
 
-def main(path: str = "bench/results/compare/compare.json", breakdown: str | None = None) -> int:
-    real, sim, about = ratios(path, breakdown)
-    print(f"{path}: {about}")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sim.replay_compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", nargs="?", default="bench/results/compare/compare.json",
+                    help="a recorded compare.json whose lengths, instances and chunking are replayed")
+    ap.add_argument("breakdown", nargs="?", default=None,
+                    help="a recorded spec_breakdown JSON of the same code (grouped SD's costs); default: "
+                         "SPEC_BREAKDOWN's entry for the run, else grouped SD is left out")
+    args = ap.parse_args(argv)
+    real, sim, about = ratios(args.path, args.breakdown)
+    print(f"{args.path}: {about}")
     print("| configuration | real vs reference | simulated vs reference |")
     print("|---|---|---|")
     for n in real:
@@ -97,4 +106,4 @@ def main(path: str = "bench/results/compare/compare.json", breakdown: str | None
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main())

@@ -3,8 +3,8 @@
 For each of the paper's workloads (Table 3) it simulates one iteration under every configuration
 of the ladder, with the same hidden lengths, and prints throughput relative to the baseline next
 to the paper's Table 4. The paper's instances are H800s, so their steps are priced by the roofline
-of the model's and the GPU's published sizes (`bench/sim/hardware.py`); `--step-model measured`
-uses the fit to vLLM step times measured on this machine (`bench/sim/step_times.json`) instead,
+of the model's and the GPU's published sizes (`seer/sim/hardware.py`); `--step-model measured`
+uses the fit to vLLM step times measured on this machine (`seer/sim/step_times.json`) instead,
 whose proportions are a CPU's. The fit and its error are printed either way. Acceptance comes
 from the paper's Table 2.
 Writes bench/results/sim/sim_ablation.{json,md} (sim_ablation_measured.* with the measured fit).
@@ -20,13 +20,13 @@ import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-from bench.configs import parse_sched, select
-from bench.sim.chunk_model import GPU_CLUSTER
-from bench.sim.hardware import describe as describe_roofline
-from bench.sim.simulate import SimRun, SimSettings, simulate
-from bench.sim.speculation import AcceptanceTable
-from bench.sim.step_model import STEP_TIMES, load
-from bench.workloads import PAPER_TABLE4, PAPER_WORKLOADS
+from seer.sim.ladder import parse_sched, select
+from seer.sim.chunk_model import GPU_CLUSTER
+from seer.sim.hardware import describe as describe_roofline
+from seer.sim.simulate import SimRun, SimSettings, simulate
+from seer.sim.speculation import AcceptanceTable
+from seer.sim.step_model import STEP_TIMES, load
+from seer.sim.workloads import PAPER_TABLE4, PAPER_WORKLOADS
 
 # Fractions of the paper's instances and requests simulated by default, so that each scenario
 # (all configurations, two seeds) takes under a minute here; per-instance load is unchanged.
@@ -116,11 +116,11 @@ def check(result: dict) -> list[str]:
 
 
 def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bool = False) -> str:
-    head = (f"Step-time model: roofline from the model's and the GPU's published sizes (bench/sim/hardware.py), "
+    head = (f"Step-time model: roofline from the model's and the GPU's published sizes (seer/sim/hardware.py), "
             f"per scenario below. The measured fit, not used here: {fit_text}") if roofline else \
         f"Step-time model: {fit_text}"
     lines = [f"`{command}`", "", head, "",
-             f"Per-chunk cost (bench/sim/chunk_model.py, GPU clusters): {GPU_CLUSTER.describe()}.", ""]
+             f"Per-chunk cost (seer/sim/chunk_model.py, GPU clusters): {GPU_CLUSTER.describe()}.", ""]
     for name, res in results.items():
         w = res["workload"]
         pools = (f", {w['dp_ranks']} DP-attention ranks of {w['kv_capacity_tokens'] // w['dp_ranks']:,} each"
@@ -159,13 +159,13 @@ def markdown(results: dict[str, dict], fit_text: str, command: str, roofline: bo
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=",".join(PAPER_WORKLOADS), help="comma-separated paper workloads to simulate (default: all of %(default)s)")
-    ap.add_argument("--configs", default="all", help="comma-separated configurations of the ladder (bench.configs), or all")
+    ap.add_argument("--configs", default="all", help="comma-separated configurations of the ladder (seer.sim.ladder), or all")
     ap.add_argument("--scale", type=float, default=None,
                     help="fraction of the paper's instances and requests (default: per scenario, DEFAULT_SCALE)")
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds; each draws the workload's lengths anew")
     ap.add_argument("--step-times", default=str(STEP_TIMES), help="measured step times the 'measured' step model is fitted to")
     ap.add_argument("--step-model", choices=("measured", "roofline"), default="roofline",
-                    help="roofline (default): from the paper's model and GPU sizes (bench/sim/hardware.py); "
+                    help="roofline (default): from the paper's model and GPU sizes (seer/sim/hardware.py); "
                          "measured: fitted to --step-times (this machine's vLLM on a CPU core)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a workload field for a sensitivity run (e.g. dp_ranks=1, "

@@ -2,7 +2,7 @@
 
 It owns only the concurrency: chunks in flight as tasks, telemetry polled in the background,
 callbacks. Every decision and every piece of bookkeeping is the synchronous Dispatcher's, so a
-simulator that implements InstanceBackend (or drives the Dispatcher on virtual time) measures
+simulator that implements InstanceBackend (or drives the Dispatcher on virtual time, as seer.sim does) measures
 exactly what runs for real.
 """
 

@@ -8,7 +8,7 @@ usage, running and waiting requests and, when speculating, its acceptance length
 chunk: request, group, turn, tokens, migrated or not, prefix tokens from the cache/pool vs recomputed.
 Multi-turn rollouts add tool-wait slices (a trajectory waiting for its environment) in lanes of
 their own under the instance its last turn ran on ("tool waits N" threads, category "tool_wait").
-The simulator (bench.sim) writes the same format from its own chunk events.
+The simulator (seer.sim) writes the same format from its own chunk events.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The per-chunk cost model (bench/sim/chunk_model.py): its fit, and how the modelled instance charges it."""
+"""The per-chunk cost model (seer/sim/chunk_model.py): its fit, and how the modelled instance charges it."""
 
 import math
 
 import pytest
 
-from bench.sim.chunk_model import GPU_CLUSTER, ChunkCost, fit, load_chunk_costs
-from bench.sim.instance import SimInstance, SimSeq
-from bench.sim.simulate import SimSettings
-from bench.sim.speculation import AcceptanceTable
-from bench.sim.step_model import StepModel
+from seer.sim.chunk_model import GPU_CLUSTER, ChunkCost, fit, load_chunk_costs
+from seer.sim.instance import SimInstance, SimSeq
+from seer.sim.simulate import SimSettings
+from seer.sim.speculation import AcceptanceTable
+from seer.sim.step_model import StepModel
 from seer.types import GenerateRequest, SamplingParams
 from seer.scheduler.buffer import Request
 from seer.scheduler.dispatcher import ChunkTicket

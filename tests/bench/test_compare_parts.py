@@ -2,9 +2,9 @@
 
 import pytest
 
-from bench.breakdown import breakdown, metric_totals
+from bench.harness.breakdown import breakdown, metric_totals
 from bench.compare import command_line, parse
-from bench.configs import select
+from seer.sim.ladder import select
 from seer.scheduler.events import ChunkEvent
 
 

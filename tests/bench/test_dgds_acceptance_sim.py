@@ -1,4 +1,4 @@
-"""bench/dgds_acceptance_sim.py: offline acceptance of drafts on recorded token streams."""
+"""bench/harness/dgds_acceptance_sim.py: offline acceptance of drafts on recorded token streams."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.dgds_acceptance_sim import accepted_prefix, ngram_accepted_at, replay, tree_accepted_at
+from bench.harness.dgds_acceptance_sim import accepted_prefix, ngram_accepted_at, replay, tree_accepted_at
 from seer.dgds.types import DraftParams
 
 

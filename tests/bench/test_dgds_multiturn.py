@@ -1,7 +1,7 @@
 """The multi-turn acceptance replay scores model tokens only, never drafts past a turn's end, and
 keeps observations out of the tree unless asked (bench/dgds_multiturn.py)."""
 
-from bench.dgds_acceptance_sim import turns_accepted_at
+from bench.harness.dgds_acceptance_sim import turns_accepted_at
 from seer.dgds.types import DraftParams
 
 P = DraftParams(max_spec_tokens=8, pattern_lookup_max=24, min_token_prob=0.0)

@@ -1,4 +1,4 @@
-"""The multi-turn comparison's pure parts (bench.turn_scripts, bench.multiturn_compare, bench.sim.multiturn):
+"""The multi-turn comparison's pure parts (seer.sim.scripts, bench.multiturn_compare, seer.sim.multiturn):
 scripts from samples, where a position falls in a script and what is left of it, the accounting, a
 small simulated iteration under each policy."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace as N
 import pytest
 
 from bench.multiturn_compare import Carried, MTSettings, Trajectory, off_policy, stream_size
-from bench.turn_scripts import Script, continuation_prefix, idle_while_tools, script_from_sample, tool_latencies
+from seer.sim.scripts import Script, continuation_prefix, idle_while_tools, script_from_sample, tool_latencies
 
 S = Script((5, 3, 4), ((), (1, 2), (9,)), (0.0, 0.1, 0.2))  # turn 5, obs 2, turn 3, obs 1, turn 4
 
@@ -70,11 +70,11 @@ def test_the_stream_covers_april_s_over_issue():
 
 
 def test_a_small_simulated_iteration_under_each_policy():
-    from bench.sim.chunk_model import GPU_CLUSTER
-    from bench.sim.multiturn import CONFIGS, AgentWorkload, simulate_multiturn
-    from bench.sim.simulate import SimSettings
-    from bench.sim.speculation import AcceptanceTable
-    from bench.sim.step_model import load
+    from seer.sim.chunk_model import GPU_CLUSTER
+    from seer.sim.multiturn import CONFIGS, AgentWorkload, simulate_multiturn
+    from seer.sim.simulate import SimSettings
+    from seer.sim.speculation import AcceptanceTable
+    from seer.sim.step_model import load
 
     aw = AgentWorkload(instances=2, groups=4, group_size=2, median_turns=3, tool_latency_s=0.05, token_unit=64)
     scripts = aw.scripts(0)

@@ -1,11 +1,11 @@
-"""bench.proc_cpu counts the CPU of the roots' descendants (by the titles they take after start)
+"""bench.harness.proc_cpu counts the CPU of the roots' descendants (by the titles they take after start)
 inside the windows it is given, and nothing of other processes."""
 
 import subprocess
 import sys
 import time
 
-from bench.proc_cpu import ProcCpu, kind_of
+from bench.harness.proc_cpu import ProcCpu, kind_of
 
 BURN = ("import setproctitle, time, sys\n"
         "setproctitle.setproctitle(sys.argv[1])\n"

@@ -6,12 +6,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.configs import BY_NAME, LADDER, select
-from bench.sim.instance import SimInstance, SimSeq
-from bench.sim.simulate import SimSettings, simulate
-from bench.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_rate_for_length
-from bench.sim.step_model import StepModel, fit
-from bench.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
+from seer.sim.ladder import BY_NAME, LADDER, select
+from seer.sim.instance import SimInstance, SimSeq
+from seer.sim.simulate import SimSettings, simulate
+from seer.sim.speculation import DRAFT_US_PER_TOKEN, AcceptanceTable, accept_rate_for_length
+from seer.sim.step_model import StepModel, fit
+from seer.sim.workloads import PAPER_WORKLOADS, SMALL, LengthModel, Workload
 from seer.dgds.policy.draft_length import tokens_per_step
 from seer.types import GenerateRequest, SamplingParams
 from seer.scheduler.buffer import Request
@@ -241,7 +241,7 @@ def test_speculative_step_pays_its_drafting_time():
 
 
 def test_speculative_step_pays_what_its_spec_cost_says_verifying_adds():
-    from bench.sim.speculation import SpecCost
+    from seer.sim.speculation import SpecCost
 
     step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=0.0, prefill_per_token_s=0.0)
     assert SpecCost.roofline().extra_s(step, 12) == 0.0  # the paper's: a drafted position is a position
@@ -260,7 +260,7 @@ def test_speculative_step_pays_what_its_spec_cost_says_verifying_adds():
 
 
 def test_the_measured_spec_cost_is_the_recorded_breakdowns_fit():
-    from bench.sim.speculation import SpecCost, fit_breakdown
+    from seer.sim.speculation import SpecCost, fit_breakdown
 
     path = "bench/results/spec_breakdown/spec_breakdown_fixed.json"
     f, c, sf, v, z = fit_breakdown(path)
@@ -390,8 +390,8 @@ def test_dp_workload_runs_end_to_end_with_per_rank_pools():
 # -- attention compute with several query positions (speculative verification) ------------------
 
 def test_attention_multiplier_and_the_paper_models_ridge_points():
-    from bench.sim.hardware import MODELS, attention_ridge_positions
-    from bench.sim.speculation import attention_multiplier
+    from seer.sim.hardware import MODELS, attention_ridge_positions
+    from seer.sim.speculation import attention_multiplier
     assert attention_multiplier(1, 2.5) == 1.0 and attention_multiplier(2, 2.5) == 1.0
     assert attention_multiplier(9, 2.5) == pytest.approx(3.6)
     assert attention_multiplier(9, math.inf) == 1.0
@@ -406,7 +406,7 @@ def test_attention_multiplier_and_the_paper_models_ridge_points():
 
 def test_speculative_step_pays_compute_bound_attention():
     step = StepModel(fixed_s=1e-4, per_token_s=1e-6, per_context_s=1e-7, prefill_per_token_s=0.0)
-    from bench.sim.speculation import attention_multiplier
+    from seer.sim.speculation import attention_multiplier
     for ridge in (math.inf, 2.0):
         inst, seqs = _speculating(step, 100_000, 1000, 0.7, ridge_positions=ridge)
         drafted = sum(_draft_len(s) for s in seqs)
@@ -499,7 +499,7 @@ def test_select_configs():
 # -- the roofline step model for the paper's clusters ---------------------------------------------
 
 def test_roofline_kv_layouts_and_costs():
-    from bench.sim.hardware import H800, MODELS, roofline
+    from seer.sim.hardware import H800, MODELS, roofline
     assert MODELS["moonlight"].kv_bytes_per_token == 27 * 576 * 2  # MLA: latent 512 + rope 64, bf16
     assert MODELS["qwen2vl72b"].kv_bytes_per_token == 80 * 2 * 8 * 128 * 2  # GQA: K and V, 8 heads of 128
     one = roofline(MODELS["qwen2vl72b"], 1)
@@ -516,7 +516,7 @@ def test_roofline_kv_layouts_and_costs():
 def test_roofline_reads_only_the_routed_experts_a_small_batch_touches():
     """Moonlight on one GPU: a step reads the experts its positions were routed to (6 of 64 each,
     uniformly), so a 15-chunk batch reads ~3/4 of them and its 9-position verification all."""
-    from bench.sim.hardware import H800, MODELS, roofline
+    from seer.sim.hardware import H800, MODELS, roofline
     m = roofline(MODELS["moonlight"], 1)
     assert m.fixed_s + m.experts_s == pytest.approx(MODELS["moonlight"].weight_bytes / H800.hbm_bytes_per_s)
     assert m.experts_read_s(15) == pytest.approx(m.experts_s * (1 - (58 / 64) ** 15))
@@ -529,7 +529,7 @@ def test_roofline_reads_only_the_routed_experts_a_small_batch_touches():
 
 
 def test_expert_parallel_alltoall_is_deepeps_h800_latency_per_token():
-    from bench.sim.hardware import MODELS, alltoall_per_position_s
+    from seer.sim.hardware import MODELS, alltoall_per_position_s
     # DeepEP low-latency kernels, EP32 on H800: dispatch 155 us + combine 273 us for 128 tokens, 60 MoE layers
     assert alltoall_per_position_s(MODELS["kimik2"], 32) == pytest.approx(60 * (155e-6 + 273e-6) / 128)
     assert alltoall_per_position_s(MODELS["kimik2"], 20) == alltoall_per_position_s(MODELS["kimik2"], 32)
@@ -550,7 +550,7 @@ def test_dp_step_pays_the_alltoall_of_the_busiest_ranks_positions():
 
 
 def test_weights_per_gpu_under_dp_attention():
-    from bench.sim.hardware import MODELS, weight_bytes_per_gpu
+    from seer.sim.hardware import MODELS, weight_bytes_per_gpu
     k = MODELS["kimik2"]
     # every rank holds the 11.56B non-expert parameters, plus 1/32 of the routed experts (FP8)
     assert weight_bytes_per_gpu(k, 32, dp_ranks=32) == pytest.approx(11.56e9 + (1.04e12 - 11.56e9) / 32)
@@ -565,8 +565,8 @@ def test_workload_kv_capacities_follow_the_calibration_and_the_stated_assumption
     of its 32 DP ranks (the calibrated share cannot hold its weights)."""
     import json
     from pathlib import Path
-    from bench.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
-    from bench.workloads import KIMI_K2_MEMORY_FRACTION, QWEN2VL72B_KV_CALIBRATED, ROLLOUT_MEMORY_FRACTION
+    from seer.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
+    from seer.sim.workloads import KIMI_K2_MEMORY_FRACTION, QWEN2VL72B_KV_CALIBRATED, ROLLOUT_MEMORY_FRACTION
     cal = json.loads((Path(__file__).resolve().parents[2] / "bench/results/sim/sim_calibration.json").read_text())
     assert cal["target"]["baseline_preemptions_per_iteration"] == 13_686
     assert QWEN2VL72B_KV_CALIBRATED == cal["kv_capacity_tokens"] == PAPER_WORKLOADS["qwen2vl72b"].kv_capacity_tokens
@@ -592,7 +592,7 @@ def test_calibrated_qwen_baseline_preempts_about_as_often_as_the_paper_reports()
 
 
 def SETTINGS_MEASURED() -> SimSettings:
-    from bench.sim.step_model import load
+    from seer.sim.step_model import load
     return SimSettings(load().model, AcceptanceTable.paper())
 
 
@@ -600,7 +600,7 @@ def test_roofline_settings_replace_the_measured_model_per_workload():
     w = PAPER_WORKLOADS["qwen2vl72b"]
     measured = SimSettings(STEP, AcceptanceTable.paper()).instance_step(w)
     assert measured == STEP.parallel(8)
-    from bench.sim.hardware import H800, MODELS, roofline, weight_bytes_per_gpu
+    from seer.sim.hardware import H800, MODELS, roofline, weight_bytes_per_gpu
     assert SimSettings(STEP, AcceptanceTable.paper(), roofline=True).instance_step(w) == roofline(MODELS["qwen2vl72b"], 8)
     k = SimSettings(STEP, AcceptanceTable.paper(), roofline=True).instance_step(PAPER_WORKLOADS["kimik2"])
     # DP attention: each GPU reads its replicated non-expert weights and its share of the experts every step

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from bench.multiturn_compare import BY_NAME, MTSettings, Trajectory, one_iteration, run_april
-from bench.turn_scripts import Script
+from seer.sim.scripts import Script
 from seer.types import PromptSpec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]

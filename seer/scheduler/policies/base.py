@@ -3,7 +3,7 @@
 A policy is plain synchronous code over the request buffer's state: the dispatcher tells it
 when a request becomes ready, is dispatched or finishes, and asks it for one decision at a time.
 No I/O and no asyncio, so the async driver (seer.scheduler.driver) and a discrete-event
-simulator (bench.sim) run the same code.
+simulator (seer.sim) run the same code.
 
 Writing one: subclass Policy, set `name`, implement on_ready, on_dispatched and pick (most
 policies keep a PriorityIndex of ready requests and end pick with `self.place(req, loads,

@@ -3,7 +3,7 @@
 Built from what a run already records (the driver's chunk events) plus two scrapes of every
 instance's Prometheus /metrics (before and after the run), so it costs nothing while the run is
 timed. Used by `bench.compare` (one breakdown per run, in compare.json and compare.md) and by
-`python -m bench.breakdown` (a single profiled rollout per policy).
+`python -m bench.harness.breakdown` (a single profiled rollout per policy).
 
 Per instance and in total:
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from seer.dgds.policy.draft_length import DraftLengths, plan_draft_lengths, tokens_per_step
 
-from bench.sim.step_model import StepModel
+from seer.sim.step_model import StepModel
 
 # Paper Table 2 (Qwen2-VL-72B), linear drafting: references n -> mean acceptance length.
 PAPER_TABLE2_LINEAR: dict[int, float] = {0: 1.70, 1: 2.04, 5: 2.32, 15: 2.53}
@@ -45,7 +45,7 @@ class SpecCost:
     (None: the step model's ``per_token_s``, as any computed position) and a step with any draft
     ``spec_fixed`` x fixed_s more; ``zero_draft`` x fixed_s is what any step of a speculating
     instance costs over a plain instance's (vLLM's speculative path and the proposer's own work
-    when nothing is drafted: 40-70% before issue 20's changes, a few % after)."""
+    when nothing is drafted; docs/dgds.md, "Step breakdown", measures it)."""
 
     verify_token: float | None = None
     spec_fixed: float = 0.0
@@ -84,7 +84,7 @@ def fit_breakdown(path: str | Path) -> tuple[float, float, float, float, float]:
     """(F, c, S, v, Z) in seconds from a ``bench.spec_breakdown`` JSON (see ``SpecCost.measured``)."""
     import numpy as np
 
-    from bench.sim.step_model import _nnls
+    from seer.sim.step_model import _nnls
 
     rows = [r for r in json.loads(Path(path).read_text())["breakdown"]
             if r["kind"] == "grid" and r.get("steps") and (r["variant"] == "plain" or r["variant"][5:].isdigit())]
@@ -140,7 +140,7 @@ def attention_multiplier(positions: int, ridge_positions: float) -> float:
 
     Decode attention reads each context token's KV once per step whatever the number of query
     positions, and computes on it once per position: memory-bound (1x) while the positions stay
-    below the GPU's ridge point for the model's attention (`bench.sim.hardware.
+    below the GPU's ridge point for the model's attention (`seer.sim.hardware.
     attention_ridge_positions`), compute-bound (positions / ridge) beyond it.
     """
     return max(1.0, positions / ridge_positions)

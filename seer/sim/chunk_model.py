@@ -24,7 +24,7 @@ On the step model's scale: the machine is shared, and what it runs besides slows
 it alike (engine steps, API server, driver: all CPU work). The single-chunk runs measure that
 slowdown, `slowdown = measured wall / the step model's wall` for the same workload (simulated
 with no chunk cost), and the slopes are divided by it, so the chunk costs are in the same
-seconds as the step model they are simulated with (bench/sim/step_times.json, measured on a
+seconds as the step model they are simulated with (seer/sim/step_times.json, measured on a
 quieter machine). The raw slopes and the slowdown are kept in chunk_costs.json.
 """
 

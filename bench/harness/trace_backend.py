@@ -1,7 +1,7 @@
 """Trace-driven generation: a real instance that stops each request at a hidden target length.
 
 The benchmark's "model" for trace mode: every request (group, sample) has a target length drawn
-from a heavy-tailed, group-correlated distribution (bench.workloads). The wrapper sits where the
+from a heavy-tailed, group-correlated distribution (seer.sim.workloads). The wrapper sits where the
 model's EOS would be, below the scheduler: it caps each chunk's max_tokens at what is left of
 the target, asks vLLM for exactly that many tokens (`ignore_eos`), and reports "stop" when the
 target is reached. The scheduler and its policies see only what they would see of a real model
@@ -17,7 +17,7 @@ from seer import request_ids
 from seer.types import InstanceBackend, Telemetry
 from seer.types import GenerateRequest, GenerateResult
 
-from bench.workloads import LengthKey
+from seer.sim.workloads import LengthKey
 
 
 class TraceBackend:

@@ -3,7 +3,7 @@
 The loop is the async driver's, on virtual time: dispatch every decision until the policy says
 Wait, then jump to the earliest instance event, feed finished chunks back through
 `Dispatcher.complete`, repeat. The policies, chunking, KV-budget placement and bookkeeping are
-the production code (`seer.scheduler`); only the engines are models (`bench.sim.instance`).
+the production code (`seer.scheduler`); only the engines are models (`seer.sim.instance`).
 Statistics come from `seer.rollout.divided.stats_from_result`, as for a real run.
 """
 
@@ -24,14 +24,14 @@ from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError
 from seer.scheduler.driver import RolloutResult
 from seer.watch.trace import build_trace, write_trace
 
-from bench.configs import BenchConfig
-from bench.sim.chunk_model import ChunkCost
-from bench.sim.hardware import MODELS, alltoall_per_position_s, attention_ridge_positions, dp_local_share
-from bench.sim.hardware import roofline as roofline_step
-from bench.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
-from bench.sim.speculation import AcceptanceTable, SpecCost
-from bench.sim.step_model import StepModel
-from bench.workloads import LengthKey, Workload
+from seer.sim.ladder import BenchConfig
+from seer.sim.chunk_model import ChunkCost
+from seer.sim.hardware import MODELS, alltoall_per_position_s, attention_ridge_positions, dp_local_share
+from seer.sim.hardware import roofline as roofline_step
+from seer.sim.instance import POOL_VS_PREFILL, SimInstance, SimSeq
+from seer.sim.speculation import AcceptanceTable, SpecCost
+from seer.sim.step_model import StepModel
+from seer.sim.workloads import LengthKey, Workload
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SimSettings:
     gamma_max: int = 8
     timeline_points: int = 300  # per instance, for plots
     roofline: bool = False  # paper workloads only: the step model from the model's and the GPU's sizes
-    # What every chunk costs beyond its steps (bench/sim/chunk_model.py): measured here by
+    # What every chunk costs beyond its steps (seer/sim/chunk_model.py): measured here by
     # bench.sim.measure_chunks (load_chunk_costs()); GPU_CLUSTER for the paper's scenarios (bench.sim.run).
     chunk_cost: ChunkCost = ChunkCost()
     # False: no KV pool, as bench.compare's instances: a chunk that changes instance recomputes its
@@ -52,7 +52,7 @@ class SimSettings:
     # SchedulerConfig fields set for every configuration (`python -m bench.sim --sched FIELD=VALUE`),
     # e.g. (("early_packing", True),): options a policy does not take are ignored by it.
     scheduler: tuple[tuple[str, object], ...] = ()
-    # What verifying drafts costs (bench.sim.speculation.SpecCost): the roofline's for the paper's
+    # What verifying drafts costs (seer.sim.speculation.SpecCost): the roofline's for the paper's
     # scenarios, this machine's measured breakdown for a replay of a run here (replay_compare).
     spec_cost: SpecCost = SpecCost()
 
@@ -134,7 +134,7 @@ def simulate(workload: Workload, config: BenchConfig, hidden: dict[LengthKey, in
                       policy, names, kv_capacity_tokens=cap)
     # The engines schedule by the chunks' priorities when the policy sends them (vLLM's priority
     # scheduling, as seer starts its instances); otherwise FCFS, which with every priority 0 is the
-    # same schedule (bench/sim/instance.py).
+    # same schedule (seer/sim/instance.py).
     insts = make_instances(workload, settings, names, cap, speculate=config.speculate,
                            priority_scheduling=sched.engine_priority)
     heap: list[tuple[float, int, str]] = []

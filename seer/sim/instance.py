@@ -17,7 +17,7 @@ What it reproduces of vLLM (V1 scheduler) is what decides rollout throughput:
     into g + 1 positions per request that yield an acceptance-length's worth of tokens, and the
     drafting (the DGDS lookup, on the step's critical path) is added to the step. Attention reads
     each request's KV once per step; with more query positions than `ridge_positions` it becomes
-    compute-bound and costs proportionally more (`bench.sim.hardware.attention_multiplier`).
+    compute-bound and costs proportionally more (`seer.sim.hardware.attention_multiplier`).
 Data-parallel attention (`ranks` > 1, vLLM's DP attention with expert parallelism, as Kimi-K2's
 DP32/EP32 instances): the instance is `ranks` engines, each with its own scheduler, its own KV
 pool (capacity / ranks) and its own max_num_seqs. A request is routed to a rank when it arrives by
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field, replace
 
 from seer.scheduler.dispatcher import ChunkTicket
 
-from bench.sim.speculation import DRAFT_US_PER_TOKEN, SpecCost, attention_multiplier, plan
-from bench.sim.step_model import StepModel
+from seer.sim.speculation import DRAFT_US_PER_TOKEN, SpecCost, attention_multiplier, plan
+from seer.sim.step_model import StepModel
 
 EPS = 1e-9
 POOL_VS_PREFILL = 0.09  # KV-pool load time / recompute time per token, measured in docs/kvpool.md
@@ -128,11 +128,11 @@ class SimInstance:
     local_share: float = 1.0  # DP: share of a position's compute on its own rank (the rest: experts)
     ridge_positions: float = math.inf  # query positions per request beyond which attention is compute-bound
     alltoall_per_position_s: float = 0.0  # expert-parallel dispatch + combine per position on a rank (real s)
-    spec_cost: SpecCost = SpecCost()  # what verifying drafts adds (bench.sim.speculation.SpecCost)
+    spec_cost: SpecCost = SpecCost()  # what verifying drafts adds (seer.sim.speculation.SpecCost)
     pool_vs_prefill: float = POOL_VS_PREFILL
     # vLLM's --scheduling-policy: False: fcfs (priorities ignored), True: priority (see the module docstring)
     priority_scheduling: bool = False
-    chunk_latency_s: float = 0.0  # per chunk: out of the engine, not holding it up (bench/sim/chunk_model.py)
+    chunk_latency_s: float = 0.0  # per chunk: out of the engine, not holding it up (seer/sim/chunk_model.py)
     chunk_instance_s: float = 0.0  # per chunk: the instance's own admission time, nobody decodes meanwhile
     now: float = 0.0
     stall_until: float = 0.0  # prefill in progress: nobody decodes

@@ -2,11 +2,11 @@
 
 Two classes, named on the server's command line (nothing in vLLM or Seer changes):
 
-* ``--scheduler-cls bench.spec_probe.TimedScheduler`` (engine-core process): times
+* ``--scheduler-cls bench.harness.spec_probe.TimedScheduler`` (engine-core process): times
   ``schedule`` and ``update_from_output`` and, through ``EngineCore._process_engine_step``, the
   whole engine step and its ``post_step`` (where vLLM hands the proposer's drafts to the scheduler);
   one JSON line per step in ``$SEER_SPEC_PROBE_DIR/engine.jsonl``.
-* ``--worker-cls bench.spec_probe.TimedCPUWorker`` (worker process, a separate process under
+* ``--worker-cls bench.harness.spec_probe.TimedCPUWorker`` (worker process, a separate process under
   vLLM's multiprocessing executor): wraps the model runner's ``_update_states``,
   ``_prepare_inputs``, ``_model_forward``, ``_sample`` (the rejection sampler when drafts were
   scheduled), ``_bookkeeping_sync`` and ``propose_draft_token_ids`` and, for Seer's DGDS proposer,

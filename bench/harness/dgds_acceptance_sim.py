@@ -21,7 +21,7 @@ from seer.dgds.tree.drafting import draft
 from seer.dgds.tree.suffix_tree import SuffixTree
 from seer.dgds.types import DraftParams
 
-from bench.turn_scripts import mask_runs
+from seer.sim.scripts import mask_runs
 
 Drafter = Callable[[Sequence[int]], list[tuple[int, ...]]]  # context -> candidate paths
 

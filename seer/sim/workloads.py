@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
+from seer.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
 
 LengthKey = tuple[int, int]  # (group_id, sample_index)
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.sim.step_model import StepModel
+from seer.sim.step_model import StepModel
 
 
 @dataclass(frozen=True)

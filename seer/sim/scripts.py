@@ -1,30 +1,22 @@
-"""Replayed multi-turn trajectories: each turn's length, each observation and each tool latency, fixed.
+"""Scripted multi-turn trajectories: each turn's length, each observation and each tool latency, fixed.
 
-The multi-turn comparison (bench.multiturn_compare) and the simulator's multi-turn workload
-(bench.sim.multiturn) run every configuration on the same trajectories, so they differ by
-scheduling only. A `Script` is one trajectory: the model's tokens per turn and, between turns, the
-environment's observation tokens and how long its tool took. Real runs take scripts from a run of
-the model on the calculator task (`script_from_sample`): the model then generates exactly those
-turn lengths again (`ReplayBackend`, as bench.trace_backend does for single turns), and the tool
-answers with the recorded observation after the recorded latency (`ReplayEnv`), without workers.
+A multi-turn workload, for the simulator (`seer.sim.multiturn`) and for real runs that replay it
+(bench.multiturn_compare, through bench.harness.replay): every configuration runs the same
+trajectories, so they differ by scheduling only. A `Script` is one trajectory: the model's tokens
+per turn and, between turns, the environment's observation tokens and how long its tool took;
+`script_from_sample` takes one from a finished multi-turn sample.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from seer import request_ids
 from seer.rollout.stats import union_length
-from seer.scheduler.turns import TurnEnd, TurnReply
-from seer.types import GenerateRequest, GenerateResult, InstanceBackend, Sample
-
-from bench.trace_backend import TraceBackend
-
-LengthKey = tuple[int, int]  # (group, sample) of a rollout's request ids
+from seer.sim.workloads import LengthKey
+from seer.types import Sample
 
 
 @dataclass(frozen=True)
@@ -114,57 +106,6 @@ def tool_latencies(key: str, n: int, median_s: float, sigma: float) -> list[floa
     """`n` lognormal tool latencies, deterministic in `key` (the same in every configuration)."""
     rng = random.Random(f"tool-latency:{key}")
     return [rng.lognormvariate(math.log(median_s), sigma) if median_s > 0 else 0.0 for _ in range(n)]
-
-
-@dataclass
-class ReplayTable:
-    """The iteration's scripts by (group, sample) of its request ids, and its prompts' lengths."""
-
-    scripts: dict[LengthKey, Script]
-    prompt_lens: dict[int, int]
-
-    def key(self, request_id: str) -> LengthKey:
-        sid = request_ids.parse(request_id)
-        if sid is None:
-            raise ValueError(f"replay needs scheduler request ids, got {request_id!r}")
-        return sid.group_index, sid.sample
-
-
-class ReplayBackend(TraceBackend):
-    """An InstanceBackend over `inner` whose turns end at the scripted lengths.
-
-    Each chunk asks vLLM for at most what is left of its turn, with EOS and the environment's stop
-    strings off, and is reported "stop" when the turn is complete (TraceBackend.capped): a
-    StopMatcher without stop sequences then ends the turn there (seer.scheduler.turns)."""
-
-    def __init__(self, inner: InstanceBackend, table: ReplayTable):
-        super().__init__(inner, {}, {})
-        self.table = table  # replaced by the benchmark between iterations
-
-    async def generate(self, req: GenerateRequest) -> GenerateResult:
-        t = self.table
-        group, sample = t.key(req.request_id)
-        left = t.scripts[(group, sample)].turn_left(len(req.prompt_ids) - t.prompt_lens[group])
-        return await self.capped(req, left, stop=())
-
-
-class ReplayEnv:
-    """The driver's `on_turn_end` for scripted trajectories: the recorded observation after the
-    recorded latency (an asyncio sleep: a tool that waits, not one that computes), done after the
-    last turn."""
-
-    def __init__(self, table: ReplayTable, sleep=asyncio.sleep):
-        self.table = table
-        self.sleep = sleep
-
-    async def __call__(self, end: TurnEnd) -> TurnReply:
-        r = end.request
-        script = self.table.scripts[(r.group_id, r.sample_index)]
-        if end.reason == "length" or end.turn >= len(script.turns):
-            return TurnReply(done=True)
-        if script.latency_s[end.turn] > 0:
-            await self.sleep(script.latency_s[end.turn])
-        return TurnReply(script.obs[end.turn])
 
 
 # ---- accounting shared by the real comparison and the simulator -------------------------------
