@@ -24,8 +24,8 @@ import asyncio
 import inspect
 import math
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from seer.plugins import PluginError, check_arguments, is_path, resolve
