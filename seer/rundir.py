@@ -78,7 +78,15 @@ def holds_run(d: Path) -> bool:
     """Seer marked `d` as a run, or an earlier Seer (before the marker) committed a checkpoint in it."""
     if not d.is_dir():
         return False
-    return (d / MARKER).is_file() or bool(RunDir(d).complete_checkpoints())
+    return _marked(d) or bool(RunDir(d).complete_checkpoints())
+
+
+def _marked(d: Path) -> bool:
+    """`d` holds the marker Seer wrote (a JSON object naming the run), not a file that shares its name."""
+    try:
+        return "seer_run" in json.loads((d / MARKER).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def foreign_entries(d: Path) -> list[str]:
@@ -94,8 +102,12 @@ def _never_a_run_dir(d: Path) -> str | None:
     real = d.resolve()
     if real == Path(real.anchor):
         return "the file system's root"
-    if real == Path.home().resolve():
-        return "your home directory"
+    try:
+        home = Path.home().resolve()
+    except RuntimeError:  # no HOME and no password entry
+        home = None
+    if real == home:
+        return "the home directory"
     if (real / ".git").exists():
         return "a repository's root"
     return None
@@ -157,9 +169,9 @@ def resolve_run_dir(run_dir: str | None, *, resume: bool, overwrite: bool, root:
         if not holds_run(d):
             raise RunDirError(f"--resume: {d} holds no run (no {MARKER} and no committed checkpoint)")
         if not (d / MARKER).exists():
-            _mark(d)  # a run of an earlier Seer: marked now, so that it stays one
+            _mark(d)  # a run of an earlier Seer: marked now, so that it stays one (never over a user's file)
         return d
-    if d.is_dir() and [c.name for c in d.iterdir()] == [MARKER]:
+    if d.is_dir() and [c.name for c in d.iterdir()] == [MARKER] and _marked(d):
         return d  # marked, and then stopped before it wrote anything (a dataset that did not load)
     if holds_run(d):
         if not overwrite:

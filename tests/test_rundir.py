@@ -179,6 +179,13 @@ def test_a_run_stopped_before_writing_anything_can_be_started_again(tmp_path):
     assert resolve_run_dir(str(d), resume=False, overwrite=False) == d
     assert [p.name for p in d.iterdir()] == [MARKER]  # e.g. its dataset did not load
     assert resolve_run_dir(str(d), resume=False, overwrite=False) == d
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / MARKER).write_text("a user's file of that name")  # not Seer's mark: not a run, never replaced
+    for overwrite in (False, True):
+        with pytest.raises(RunDirError, match="not an empty directory or a Seer run"):
+            resolve_run_dir(str(mine), resume=False, overwrite=overwrite)
+    assert (mine / MARKER).read_text() == "a user's file of that name"
 
 
 def test_runs_without_a_directory_get_new_ones_and_latest_points_at_the_newest(tmp_path):
