@@ -25,6 +25,7 @@ from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
 from seer.tasks.env import EnvConfig, EnvSpecError, resolve_env
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
+from seer.tasks.workers import BOUNDS
 from seer.trainer.config import TrainerConfig
 from seer.watch.config import LoggingConfig
 
@@ -60,16 +61,19 @@ class RolloutConfig:
     function: str = "seer.rollout.divided:divided_rollout"
     reward_error_policy: Literal["zero", "abort"] = "zero"  # a raising reward: score 0 and go on, or abort
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
-    # the GIL, in as many spawned processes. A call past reward_timeout_s (None: no limit) scores
-    # as a reward error (0, or the iteration aborts, by reward_error_policy) instead of stalling.
+    # the GIL, in as many spawned processes. A call past reward_timeout_s scores as a reward error
+    # (0, or the iteration aborts, by reward_error_policy) instead of stalling the run.
     reward_mode: Literal["thread", "process"] = "thread"
-    reward_timeout_s: float | None = None  # per reward call; past it the sample is a reward error (None: no limit)
+    # Per reward call; past it the sample is a reward error. 300 s by default (UserCodeBounds):
+    # generous, but a hung reward no longer stalls the run forever (null: no limit).
+    reward_timeout_s: float | None = BOUNDS.reward_s
 
-    def reward_runner(self, reward: str, decode=None) -> RewardRunner:
-        """The RewardRunner these `rollout.reward_*` settings describe, for `reward` ("module:function")."""
+    def reward_runner(self, reward: str, decode=None, log=None) -> RewardRunner:
+        """The RewardRunner these `rollout.reward_*` settings describe, for `reward` ("module:function");
+        `log` hears of worker processes that died (the run's run.log)."""
         return RewardRunner(reward, max_workers=self.reward_workers, on_error=self.reward_error_policy,
                             use_processes=self.reward_mode == "process", timeout_s=self.reward_timeout_s,
-                            decode=decode)
+                            decode=decode, log=log)
 
 
 @dataclass(frozen=True)

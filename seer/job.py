@@ -163,7 +163,8 @@ class Job:
     def reward_runner(self) -> RewardRunner:
         """rollout.reward_workers / reward_mode / reward_timeout_s / reward_error_policy (RolloutConfig.reward_runner)."""
         return self.cfg.rollout.reward_runner(
-            self.task.reward_spec, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+            self.task.reward_spec, decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            log=self.run.log)
 
     @contextlib.contextmanager
     def env_runner(self):
@@ -173,7 +174,7 @@ class Job:
             return
         from seer.tasks.env import EnvRunner
 
-        runner = EnvRunner(self.task.env, self.cfg.env, self.task.env_args)
+        runner = EnvRunner(self.task.env, self.cfg.env, self.task.env_args, log=self.run.log)
         try:
             yield runner
         finally:

@@ -66,7 +66,8 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
         batch = await job.rollout_fn(context, request)
     fleet.absorb_rollout_drops(batch.stats.extra.get("instances_dropped", []))
     job.write_rollouts(batch, it)
-    extra = {"reward_error_total": rewards.stats.errors, "weight_version": version}
+    extra = {"reward_error_total": rewards.stats.errors, "reward_pools_broken_total": rewards.stats.pools_broken,
+             "weight_version": version}
     if trainer is not None:
         with watch.phase("training", f"training on iteration {it}"):
             tm = await asyncio.to_thread(trainer.train_step, batch)

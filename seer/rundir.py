@@ -1,10 +1,12 @@
 """A run's directory: what it holds, who may write into it, and files that survive a kill.
 
 A run directory belongs to one run. A new run never writes into a directory that holds another
-run's checkpoints, metrics, rollouts or weights unless the user says `--overwrite` (replace it)
-or `--resume` (continue it), so a later `--resume` can never continue the wrong run. Every state
-file is written whole or not at all (temp file, fsync, rename), and checkpoints are ordered by
-their integer iteration, not by name.
+run unless the user says `--overwrite` (replace it) or `--resume` (continue it), so a later
+`--resume` can never continue the wrong run. A run is what Seer marked as one (`seer-run.json`,
+written first; a directory of an earlier Seer is known by its committed loop state), never a guess
+from common file names, and `--overwrite` removes only what Seer writes: a directory that holds
+anything else is refused, naming it. Every state file is written whole or not at all (temp file,
+fsync, rename), and checkpoints are ordered by their integer iteration, not by name.
 """
 
 from __future__ import annotations
@@ -18,8 +20,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# What marks a directory as holding a run (any one of them).
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "rollouts", "weights", "run.log")
+# Written first into every run directory: it says the directory is a Seer run, and which.
+MARKER = "seer-run.json"
+# Every entry Seer writes into a run directory (and so the only ones `--overwrite` removes), with
+# who writes it. A new one belongs here, or `--overwrite` refuses every run that holds it.
+SEER_ENTRIES = (
+    MARKER,  # resolve_run_dir
+    "config.yaml",  # seer.job: the resolved config
+    "run.log",  # RunDir.log
+    "metrics.jsonl",  # seer.metrics_log
+    "checkpoints",  # RunDir.commit_checkpoint (and the trainer's part of each)
+    "rollouts",  # seer.job.write_rollouts, seer.watch (traces)
+    "weights",  # seer.job.export_weights
+    "logs",  # seer.fleet (Ray head, vLLM instances)
+    "kvpool",  # seer.kvpool (Mooncake configs and logs)
+    "dgds",  # seer.fleet (the draft server's log)
+    "tensorboard", "mlruns", "wandb", "tracking.json",  # seer.watch.tracking
+    "iterations.png",  # seer.loop
+)
+# A temp file of atomic_write_text that a kill left behind (".config.yaml.x1y2.tmp").
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[^.]+\.tmp$")
 _ITER = re.compile(r"^iter_(\d+)$")
 
 
@@ -55,7 +75,47 @@ def _fsync_dir(d: Path) -> None:
 
 
 def holds_run(d: Path) -> bool:
-    return d.is_dir() and any((d / m).exists() for m in RUN_MARKERS)
+    """Seer marked `d` as a run, or an earlier Seer (before the marker) committed a checkpoint in it."""
+    if not d.is_dir():
+        return False
+    return _marked(d) or bool(RunDir(d).complete_checkpoints())
+
+
+def _marked(d: Path) -> bool:
+    """`d` holds the marker Seer wrote (a JSON object naming the run), not a file that shares its name."""
+    try:
+        return "seer_run" in json.loads((d / MARKER).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def foreign_entries(d: Path) -> list[str]:
+    """What in `d` Seer did not write (`--overwrite` removes nothing, then)."""
+    def seer(name: str) -> bool:
+        m = _TEMP.match(name)
+        return name in SEER_ENTRIES or (m is not None and m["name"] in SEER_ENTRIES)
+    return sorted(c.name for c in d.iterdir() if not seer(c.name))
+
+
+def _never_a_run_dir(d: Path) -> str | None:
+    """Why `d` can never be a run directory (the root, a home, a repository), or None."""
+    real = d.resolve()
+    if real == Path(real.anchor):
+        return "the file system's root"
+    try:
+        home = Path.home().resolve()
+    except RuntimeError:  # no HOME and no password entry
+        home = None
+    if real == home:
+        return "the home directory"
+    if (real / ".git").exists():
+        return "a repository's root"
+    return None
+
+
+def _mark(d: Path) -> None:
+    atomic_write_text(d / MARKER, json.dumps({"seer_run": d.resolve().name, "path": str(d.resolve()),
+                                              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
 
 
 def new_run_dir(root: str | os.PathLike = "runs") -> Path:
@@ -76,6 +136,7 @@ def new_run_dir(root: str | os.PathLike = "runs") -> Path:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(d.name)
     os.replace(tmp, link)
+    _mark(d)
     return d
 
 
@@ -83,10 +144,13 @@ def resolve_run_dir(run_dir: str | None, *, resume: bool, overwrite: bool, root:
     """The directory this run writes to, or a RunDirError before anything starts.
 
     - no `run_dir`: a new `runs/<date>-<time>`; with `resume`, the run `runs/latest` points at;
-    - an explicit directory that holds a run: refused unless `resume` or `overwrite`
-      (overwrite removes its contents first: the user asked);
+    - `/`, the home directory or a repository's root: refused, whatever the flags;
+    - an explicit directory that holds a run (`holds_run`): refused unless `resume` or
+      `overwrite`; overwrite removes Seer's entries (SEER_ENTRIES) and is refused, naming them,
+      when the directory holds anything else;
     - an explicit directory that is not empty and holds no run: refused either way, so that
       `--overwrite` never deletes anything that is not a run.
+    Through a symbolic link, all of this holds for the directory it points at.
     """
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other: continue the run or replace it")
@@ -99,24 +163,35 @@ def resolve_run_dir(run_dir: str | None, *, resume: bool, overwrite: bool, root:
                               f"pass --run-dir DIR")
         return latest.resolve()
     d = Path(run_dir)
+    if why := _never_a_run_dir(d):
+        raise RunDirError(f"{d} is {why}: it can never be a run directory; choose another --run-dir")
     if resume:
         if not holds_run(d):
-            raise RunDirError(f"--resume: {d} holds no run (no {', '.join(RUN_MARKERS)})")
+            raise RunDirError(f"--resume: {d} holds no run (no {MARKER} and no committed checkpoint)")
+        if not (d / MARKER).exists():
+            _mark(d)  # a run of an earlier Seer: marked now, so that it stays one (never over a user's file)
         return d
+    if d.is_dir() and [c.name for c in d.iterdir()] == [MARKER] and _marked(d):
+        return d  # marked, and then stopped before it wrote anything (a dataset that did not load)
     if holds_run(d):
         if not overwrite:
-            raise RunDirError(
-                f"{d} already holds a run ({', '.join(m for m in RUN_MARKERS if (d / m).exists())}); "
-                f"pass --resume to continue it, --overwrite to replace it, or choose another --run-dir")
+            raise RunDirError(f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                              f"or choose another --run-dir")
+        if foreign := foreign_entries(d):
+            raise RunDirError(f"--overwrite: {d} holds a run but also {', '.join(foreign)}, which Seer did not "
+                              f"write; --overwrite removes nothing then: move them, or choose another --run-dir")
         for child in d.iterdir():
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
-                child.unlink()
+                child.unlink()  # a link: the link, never what it points at
+        _mark(d)
         return d
     if d.exists() and (not d.is_dir() or any(d.iterdir())):
-        raise RunDirError(f"{d} exists and is not an empty directory or a Seer run; choose another --run-dir")
+        raise RunDirError(f"{d} exists and is not an empty directory or a Seer run (no {MARKER}); "
+                          f"choose another --run-dir")
     d.mkdir(parents=True, exist_ok=True)
+    _mark(d)
     return d
 
 

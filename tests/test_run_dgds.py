@@ -33,6 +33,8 @@ def test_a_run_with_dgds_accepts_drafts_by_vllms_counters(tiny_model, tmp_path):
     [rec] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rec["num_samples"] == 16
     assert (run_dir / "dgds" / "dgds.log").exists()  # the run launched its own draft server
+    from seer.rundir import foreign_entries
+    assert foreign_entries(run_dir) == []  # all of it is Seer's: --overwrite can replace this run
     accept = rec["acceptance_length"]
     print(f"\nDGDS in seer-run: acceptance length {accept} (vLLM's spec-decode counters)")
     assert accept is not None, "vLLM counted no drafts: the proposer never drafted"

@@ -8,18 +8,32 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from seer.rundir import RunDir, RunDirError, atomic_write_text, new_run_dir, resolve_run_dir
+from seer.rundir import MARKER, RunDir, RunDirError, atomic_write_text, new_run_dir, resolve_run_dir
 
 
 def _old_run(d, iterations=(3, 4)):
+    """A run as a Seer before the marker wrote it: checkpoints, metrics, config, log, no seer-run.json."""
     run = RunDir(d)
     for it in iterations:
         run.commit_checkpoint(it, it + 1, keep=5)
     (d / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in range(5)))
+    (d / "config.yaml").write_text("iterations: 5\n")
+    run.log("run started")
     return run
+
+
+def _seer_run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """A real `seer-run`; every refusal here comes before anything heavy starts."""
+    return subprocess.run([sys.executable, "-m", "seer.cli", "--sync", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd)
+
+
+def _tree(d) -> dict[str, str]:
+    return {str(p.relative_to(d)): (p.read_text() if p.is_file() else "/") for p in sorted(d.rglob("*"))}
 
 
 def test_a_fresh_run_in_a_directory_holding_a_run_is_refused(tmp_path):
@@ -38,7 +52,7 @@ def test_overwrite_replaces_the_old_run_and_the_new_checkpoints_survive(tmp_path
     (d / "rollouts").mkdir()
     (d / "rollouts" / "iter_0004.jsonl").write_text("old\n")
     resolve_run_dir(str(d), resume=False, overwrite=True)
-    assert list(d.iterdir()) == []
+    assert [p.name for p in d.iterdir()] == [MARKER]
     run = RunDir(d)
     for it in range(3):
         run.commit_checkpoint(it, it + 1, keep=2)
@@ -65,6 +79,113 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_run(tmp_path):
         with pytest.raises(RunDirError, match="not an empty directory or a Seer run"):
             resolve_run_dir(str(d), resume=False, overwrite=overwrite)
     assert (d / "thesis.tex").read_text() == "years of work"
+
+
+def test_overwrite_of_a_directory_holding_a_config_and_user_files_deletes_nothing(tmp_path):
+    """The repro of issue 27: `config.yaml` beside a thesis made the directory a "run", and
+    `--overwrite` emptied it. Now a run is only what Seer marked, and nothing is removed."""
+    d = tmp_path / "d"
+    (d / "notes").mkdir(parents=True)
+    (d / "config.yaml").write_text("my: config\n")
+    (d / "thesis.tex").write_text("years of work")
+    (d / "notes" / "n.txt").write_text("note")
+    before = _tree(d)
+    r = _seer_run("--iterations", "1", "--run-dir", str(d), "--overwrite")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "not an empty directory or a Seer run" in r.stdout
+    assert _tree(d) == before
+
+
+def test_overwrite_refuses_a_seer_run_that_also_holds_user_files_naming_them(tmp_path):
+    d = tmp_path / "run"
+    _old_run(d)
+    (d / "rollouts").mkdir()
+    (d / "analysis.ipynb").write_text("mine")
+    (d / "notes").mkdir()
+    before = _tree(d)
+    r = _seer_run("--iterations", "1", "--run-dir", str(d), "--overwrite")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "analysis.ipynb, notes" in " ".join(r.stdout.split())
+    assert _tree(d) == before
+    (d / "analysis.ipynb").unlink()
+    (d / "notes").rmdir()
+    (d / ".config.yaml.ab12cd.tmp").write_text("cut by a kill")  # Seer's own temp file
+    resolve_run_dir(str(d), resume=False, overwrite=True)
+    assert [p.name for p in d.iterdir()] == [MARKER]
+
+
+def test_a_repository_root_is_never_a_run_directory(tmp_path):
+    """`--run-dir .` in a repository holding a config.yaml used to delete its .git too."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "config.yaml").write_text("my: config\n")
+    (repo / MARKER).write_text("{}")  # even a marker does not make a repository a run
+    before = _tree(repo)
+    for flag in ("--overwrite", "--resume"):
+        r = _seer_run("--iterations", "1", "--run-dir", ".", flag, cwd=repo)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "a repository's root" in r.stdout
+    assert _tree(repo) == before
+    with pytest.raises(RunDirError, match="root"):
+        resolve_run_dir("/", resume=False, overwrite=True)
+    with pytest.raises(RunDirError, match="home directory"):
+        resolve_run_dir(str(Path.home()), resume=False, overwrite=True)
+
+
+def test_overwrite_through_a_symlink_never_touches_files_seer_did_not_write(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.yaml").write_text("my: config\n")
+    (target / "thesis.tex").write_text("years of work")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    before = _tree(target)
+    r = _seer_run("--iterations", "1", "--run-dir", str(link), "--overwrite")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert _tree(target) == before
+    # A real run behind the link, whose weights/ is a link to the user's disk: the run's entries
+    # go (the weights link, not what it points at), the link and the user's disk stay.
+    (target / "thesis.tex").unlink()
+    (target / "config.yaml").unlink()
+    _old_run(target)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (disk / "keep.bin").write_text("user data")
+    (target / "weights").symlink_to(disk)
+    resolve_run_dir(str(link), resume=False, overwrite=True)
+    assert link.is_symlink() and [p.name for p in target.iterdir()] == [MARKER]
+    assert (disk / "keep.bin").read_text() == "user data"
+
+
+def test_resume_continues_a_run_written_before_the_marker_existed(tmp_path, tiny_model):
+    """A run of an earlier Seer (no seer-run.json) is known by its committed checkpoints: the real
+    `seer-run --resume` continues it (here: all its iterations are done) and marks it."""
+    d = tmp_path / "old"
+    _old_run(d)
+    assert not (d / MARKER).exists()
+    r = _seer_run("--resume", "--run-dir", str(d), "--iterations", "5", "--train", "off",
+                  "--set", "model.preset=tiny")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nothing to do: 5 of 5 iterations already done" in r.stdout
+    assert json.loads((d / MARKER).read_text())["seer_run"] == "old"
+    assert [c.iteration for c in RunDir(d).complete_checkpoints()] == [3, 4]
+    with pytest.raises(RunDirError, match="already holds a run"):
+        resolve_run_dir(str(d), resume=False, overwrite=False)
+
+
+def test_a_run_stopped_before_writing_anything_can_be_started_again(tmp_path):
+    d = tmp_path / "run"
+    assert resolve_run_dir(str(d), resume=False, overwrite=False) == d
+    assert [p.name for p in d.iterdir()] == [MARKER]  # e.g. its dataset did not load
+    assert resolve_run_dir(str(d), resume=False, overwrite=False) == d
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / MARKER).write_text("a user's file of that name")  # not Seer's mark: not a run, never replaced
+    for overwrite in (False, True):
+        with pytest.raises(RunDirError, match="not an empty directory or a Seer run"):
+            resolve_run_dir(str(mine), resume=False, overwrite=overwrite)
+    assert (mine / MARKER).read_text() == "a user's file of that name"
 
 
 def test_runs_without_a_directory_get_new_ones_and_latest_points_at_the_newest(tmp_path):

@@ -94,6 +94,15 @@ def watched_run(vllm_pool, tmp_path_factory):
     return {"dir": run_dir, "logs": logs, "scraped": scraped, "records": records}
 
 
+def test_the_run_directory_holds_only_what_seer_lists_as_its_own(watched_run):
+    """--overwrite removes exactly seer.rundir.SEER_ENTRIES: a run with every tracking backend (and a
+    resume) writes nothing else, so the list is complete and --overwrite can replace this run."""
+    from seer.rundir import MARKER, foreign_entries
+
+    assert foreign_entries(watched_run["dir"]) == []
+    assert {MARKER, "tensorboard", "wandb", "mlruns", "tracking.json"} <= {p.name for p in watched_run["dir"].iterdir()}
+
+
 def test_a_log_file_gets_progress_lines_for_the_build_and_the_rollout(watched_run):
     first = watched_run["logs"][0]
     assert "\x1b[" not in first and "⠋" not in first  # no escape codes, no spinner

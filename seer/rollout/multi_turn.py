@@ -118,6 +118,7 @@ def turn_summary(samples: list[Sample], outcomes: dict[str, _Outcome], now: EnvS
         "env_calls": now.calls - before.calls,
         "env_errors": now.errors - before.errors,
         "env_timeouts": now.timeouts - before.timeouts,
+        "env_pools_broken": now.pools_broken - before.pools_broken,  # worker processes that died (run.log says so)
         "env_busy_s": round(now.busy_s - before.busy_s, 3),
         "env_wait_s": round(sum(o.env_wait_s for o in outcomes.values()), 3),
         "trajectories_with_env_errors": sum(1 for o in outcomes.values() if o.env_errors),

@@ -9,8 +9,10 @@ Steps run in workers that a timeout can kill (seer.tasks.workers, as rewards do)
 blocks or hangs never stalls the rollout. In process mode (the default) the environment object
 travels to the worker with every call and back with its new state, so it must pickle; a step that
 times out loses only that step (the worker is killed; the state before the step is kept). A step
-that raises or times out becomes an error observation (`env.on_error: observe`) or ends the
-trajectory with reward 0 and the error recorded (`end`); either way it is counted.
+that raises (anything: SystemExit and KeyboardInterrupt too), times out or kills its worker becomes
+an error observation (`env.on_error: observe`) or ends the trajectory with reward 0 and the error
+recorded (`end`); either way it is counted, and it never ends the run. The constructor and
+`error_observation` run in the same workers, each within its own bound.
 
 Observations are token ids: give `Observation.token_ids` to append exactly those, or `text` and
 Seer tokenizes it once with the model's tokenizer. Nothing is ever re-tokenized from text.
@@ -22,11 +24,12 @@ import asyncio
 import inspect
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from seer.plugins import PluginError, check_arguments, is_path, resolve
-from seer.tasks.workers import Workers
+from seer.tasks.workers import BOUNDS, Workers, run_cancelled
 
 BUILTIN_ENVS = {"calculator": "seer.tasks.calculator:CalculatorEnv"}
 
@@ -64,8 +67,8 @@ class Environment:
     """Base class of environments (subclassing it is optional; the methods are the interface).
 
     `stop`: strings that end a model turn besides EOS (a tool-call end tag); the turn's text
-    includes the stop string. Keep `__init__` cheap: it runs in the rollout's process; `reset`
-    and `step` run in workers.
+    includes the stop string. `__init__`, `reset`, `step` and `error_observation` run in workers,
+    each bounded (env.init_timeout_s, env.timeout_s).
     """
 
     stop: ClassVar[tuple[str, ...]] = ()
@@ -93,7 +96,10 @@ class EnvConfig:
     # Tokens one model turn may generate (None: only the trajectory's budget, rollout.max_tokens,
     # which in multi-turn rollout covers every turn and observation)
     max_turn_tokens: int | None = None
-    timeout_s: float | None = 10.0  # per environment call (reset or step); past it the call is an error
+    # Per environment call (reset, step, error_observation); past it the call is an error (null: no limit)
+    timeout_s: float | None = BOUNDS.env_call_s
+    # The constructor, once per trajectory (it may start a sandbox); past it the trajectory ends with an error
+    init_timeout_s: float | None = BOUNDS.env_init_s
     on_error: Literal["observe", "end"] = "observe"  # a step that raised or timed out: error observation, or end with reward 0
     mode: Literal["process", "thread"] = "process"  # where steps run: killable worker processes, or threads
     workers: int = 8  # environment calls at once
@@ -107,6 +113,8 @@ class EnvConfig:
             out.append(("env.max_turn_tokens", f"must be >= 1 (or null), got {self.max_turn_tokens}"))
         if self.timeout_s is not None and not self.timeout_s > 0:
             out.append(("env.timeout_s", f"must be > 0 (or null: no limit), got {self.timeout_s}"))
+        if self.init_timeout_s is not None and not self.init_timeout_s > 0:
+            out.append(("env.init_timeout_s", f"must be > 0 (or null: no limit), got {self.init_timeout_s}"))
         if self.workers < 1:
             out.append(("env.workers", f"must be >= 1, got {self.workers}"))
         if any(not s for s in self.stop):
@@ -156,6 +164,11 @@ def _warm(path: str) -> None:
         _imported.add(path)
 
 
+def _make(cls: type, prompt: str, reference: dict, args: dict) -> tuple[Any, None]:
+    """Runs in a worker: the trajectory's environment, made as `_call` returns it."""
+    return cls(prompt, reference, **args), None
+
+
 def _call(env: Any, method: str, args: tuple) -> tuple[Any, Any]:
     """Runs in a worker: one method call (awaited on a fresh loop if async); the object comes back with its new state."""
     out = getattr(env, method)(*args)
@@ -171,11 +184,13 @@ class EnvStats:
     calls: int = 0  # resets and steps
     errors: int = 0  # calls that raised, returned junk or timed out
     timeouts: int = 0
+    pools_broken: int = 0  # process pools replaced because an environment's worker process died
     busy_s: float = 0.0  # summed wall time of calls
     error_samples: list[str] = field(default_factory=list)  # the first few error messages
 
     def as_dict(self) -> dict:
         return {"env_calls": self.calls, "env_errors": self.errors, "env_timeouts": self.timeouts,
+                "env_pools_broken": self.pools_broken,
                 "env_busy_s": round(self.busy_s, 3), "env_error_messages": list(self.error_samples)}
 
 
@@ -192,23 +207,27 @@ class EnvReply:
 class EnvRunner:
     """Makes one environment per trajectory and runs its calls in `Workers` with the timeout."""
 
-    def __init__(self, spec: str, cfg: EnvConfig, args: dict | None = None) -> None:
+    def __init__(self, spec: str, cfg: EnvConfig, args: dict | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.path = env_path(spec)
         self.cls = resolve_env(spec, args)
         self.args = dict(args or {})
         self.cfg = cfg
         self.stop: tuple[str, ...] = tuple(dict.fromkeys([*getattr(self.cls, "stop", ()), *cfg.stop]))
         self._workers = Workers(cfg.workers, use_processes=cfg.mode == "process", timeout_s=cfg.timeout_s,
-                                warm=_warm if cfg.mode == "process" else None, warm_args=(self.path,))
+                                warm=_warm if cfg.mode == "process" else None, warm_args=(self.path,),
+                                name="environment workers", log=log)
         self._envs: dict[str, Any] = {}
         self.stats = EnvStats()
 
     async def start(self, key: str, prompt: str, reference: dict) -> EnvReply:
-        """Create trajectory `key`'s environment and reset it."""
-        try:
-            self._envs[key] = self.cls(prompt, dict(reference), **self.args)
-        except Exception as e:  # the user's constructor
-            return self._error(key, f"{type(e).__name__} in {self.cls.__name__}(): {e}")
+        """Create trajectory `key`'s environment (in a worker, within env.init_timeout_s) and reset it."""
+        name = f"{self.cls.__name__}()"
+        env, _, error = await self._guarded(name, self.cfg.init_timeout_s, _make, self.cls, prompt, dict(reference),
+                                            self.args)
+        if error is not None:
+            return await self._error(key, error)
+        self._envs[key] = env
         return await self._run(key, "reset", ())
 
     async def step(self, key: str, turn: Turn) -> EnvReply:
@@ -217,35 +236,55 @@ class EnvRunner:
     def discard(self, key: str) -> None:
         self._envs.pop(key, None)
 
-    async def _run(self, key: str, method: str, args: tuple) -> EnvReply:
-        env = self._envs[key]
+    async def _guarded(self, what: str, timeout_s: float | None, fn, *args, count: bool = False) -> tuple[Any, Any, str | None]:
+        """One call into user code in a worker: (env, out, None), or (None, None, the error). Whatever
+        it raises is its error, except the run's own cancellation. `count`: a reset or a step (EnvStats)."""
         async with self._workers.slots():
             t0 = time.monotonic()
             try:
-                env, out = await self._workers.run(_call, env, method, args)
+                env, out = await self._workers.run(fn, *args, timeout_s=timeout_s)
+                return env, out, None
             except asyncio.TimeoutError:
-                self.stats.timeouts += 1
-                return self._error(key, f"TimeoutError: {method} took longer than {self.cfg.timeout_s} s")
-            except Exception as e:  # the user's code may raise anything
-                return self._error(key, f"{type(e).__name__}: {e}")
+                self.stats.timeouts += count
+                return None, None, f"TimeoutError: {what} took longer than {timeout_s} s"
+            except BaseException as e:  # the user's code may raise anything, SystemExit included
+                if run_cancelled(e):
+                    raise
+                return None, None, f"{type(e).__name__}" + (f" in {what}" if what.endswith("()") else "") + f": {e}"
             finally:
-                self.stats.calls += 1
-                self.stats.busy_s += time.monotonic() - t0
+                if count:
+                    self.stats.calls += 1
+                    self.stats.busy_s += time.monotonic() - t0
+                self.stats.pools_broken = self._workers.pools_broken
+
+    async def _run(self, key: str, method: str, args: tuple) -> EnvReply:
+        env, out, error = await self._guarded(method, self.cfg.timeout_s, _call, self._envs[key], method, args,
+                                              count=True)
+        if error is not None:
+            return await self._error(key, error)
         self._envs[key] = env
         try:
             return _reply(method, out)
         except TypeError as e:
-            return self._error(key, str(e))
+            return await self._error(key, str(e))
 
-    def _error(self, key: str, error: str) -> EnvReply:
+    async def _error(self, key: str, error: str) -> EnvReply:
         self.stats.errors += 1
         if len(self.stats.error_samples) < 5:
             self.stats.error_samples.append(error)
         env = self._envs.get(key)
         if self.cfg.on_error == "end" or env is None:
             return EnvReply(None, True, 0.0, error)
-        maker = getattr(env, "error_observation", None) or Environment.error_observation.__get__(env)
-        return EnvReply(_observation(maker(error)), False, None, error)
+        if callable(getattr(env, "error_observation", None)):  # user code: in a worker, bounded, guarded
+            _, value, failed = await self._guarded("error_observation", self.cfg.timeout_s, _call, env,
+                                                   "error_observation", (error,))
+            if failed is None:
+                try:
+                    return EnvReply(_observation(value), False, None, error)
+                except TypeError:
+                    pass
+        # It raised, hung or returned junk too: the default observation.
+        return EnvReply(_observation(Environment.error_observation(env, error)), False, None, error)
 
     def close(self) -> None:
         self._workers.close()

@@ -2,13 +2,14 @@
 
 Rewards run beside generation, as in the paper: the rollout hands each finished sample to
 the runner and keeps generating; the scores arrive on worker threads (or processes, for
-CPU-heavy rewards that should not hold the GIL). A reward function that raises, returns
-junk or runs past the per-sample timeout marks its sample with `reward_error` and then either
-scores 0 or aborts the iteration, by policy.
+CPU-heavy rewards that should not hold the GIL). A reward function that raises (anything:
+SystemExit and KeyboardInterrupt too), returns junk, runs past the per-sample timeout or kills its
+worker process marks its sample with `reward_error` and then either scores 0 or aborts the
+iteration, by policy; it never ends the run.
 
 The run config's settings: `rollout.reward_workers` (concurrent calls), `rollout.reward_mode`
-(thread | process), `rollout.reward_timeout_s` (per sample; None: no limit) and
-`rollout.reward_error_policy` (zero | abort).
+(thread | process), `rollout.reward_timeout_s` (per sample; default BOUNDS.reward_s; None: no
+limit) and `rollout.reward_error_policy` (zero | abort).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from seer.plugins import PluginError, resolve
-from seer.tasks.workers import Workers
+from seer.tasks.workers import BOUNDS, Workers, run_cancelled
 from seer.types import Sample
 
 RewardFn = Callable[[str, dict], float]  # fn(response_text, reference) -> reward
@@ -75,6 +76,7 @@ class RewardStats:
     scored: int = 0
     errors: int = 0  # samples whose reward function raised, returned junk or timed out
     busy_s: float = 0.0  # summed wall time of reward calls
+    pools_broken: int = 0  # process pools replaced because a reward's worker process died
 
 
 class RewardRunner:
@@ -89,6 +91,8 @@ class RewardRunner:
     thread cannot be stopped, so a timed-out thread call runs on, detached, until it returns;
     a timed-out process call has its worker process killed (the pool is replaced, and calls
     that were running in it start again in the new one). Neither holds up the rollout or close().
+    A worker process that dies (segfault, os._exit) has its pool replaced the same way, counted in
+    `stats.pools_broken` and told to `log` (the run's run.log).
     """
 
     def __init__(
@@ -98,8 +102,9 @@ class RewardRunner:
         max_workers: int = 2,
         on_error: OnError = "zero",
         use_processes: bool = False,
-        timeout_s: float | None = None,
+        timeout_s: float | None = BOUNDS.reward_s,
         decode: Callable[[list[int]], str] | None = None,
+        log: Callable[[str], None] | None = None,
     ):
         if on_error not in ("zero", "abort"):
             raise ValueError(f"on_error must be 'zero' or 'abort', not {on_error!r}")
@@ -114,7 +119,8 @@ class RewardRunner:
         self.max_workers = max_workers
         self._processes = use_processes
         self._workers = Workers(max_workers, use_processes=use_processes, timeout_s=timeout_s,
-                                warm=_warm_worker if use_processes else None, warm_args=(self._spec,))
+                                warm=_warm_worker if use_processes else None, warm_args=(self._spec,),
+                                name="reward workers", log=log)
         self.on_error = on_error
         self.timeout_s = timeout_s
         self._decode = decode
@@ -139,10 +145,13 @@ class RewardRunner:
                     self.stats.busy_s += time.monotonic() - t0
         except asyncio.TimeoutError:
             self._fail(sample, f"TimeoutError: reward took longer than {self.timeout_s} s")
-        except Exception as e:  # the user's function may raise anything
+        except BaseException as e:  # the user's function may raise anything, SystemExit included
+            if run_cancelled(e):
+                raise
             self._fail(sample, f"{type(e).__name__}: {e}")
         finally:
             self.stats.scored += 1
+            self.stats.pools_broken = self._workers.pools_broken
         if sample.reward_error is not None and self.on_error == "abort":
             raise RewardAborted(sample)
         return sample

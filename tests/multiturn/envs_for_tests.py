@@ -83,3 +83,38 @@ class LineEnv(Environment):
         if len(self.lines) >= 3 or turn.reason == "eos":
             return StepResult(done=True, reward=float(re.fullmatch(r"-\d=\d+\n", self.lines[0]) is not None))
         return StepResult(observation=Observation(token_ids=turn.token_ids))
+
+
+class UnrulyEnv(EchoEnv):
+    """User code at its worst, by reference: a constructor that hangs or exits, a step that exits,
+    interrupts or kills its process, an error_observation that hangs or raises."""
+
+    def __init__(self, prompt: str, reference: dict, **kw) -> None:
+        if reference.get("init") == "hang":
+            time.sleep(3600)
+        if reference.get("init") == "exit":
+            raise SystemExit(0)
+        super().__init__(prompt, reference, **kw)
+
+    async def step(self, turn: Turn) -> StepResult:
+        import os
+        import sys
+
+        how = self.reference.get("step")
+        if how == "exit":
+            sys.exit(0)
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        if how == "die":
+            os._exit(1)
+        if how == "raise":
+            raise RuntimeError("tool crashed")
+        return await super().step(turn)
+
+    def error_observation(self, error: str):
+        how = self.reference.get("error_observation")
+        if how == "hang":
+            time.sleep(3600)
+        if how == "raise":
+            raise RuntimeError("error_observation crashed")
+        return f"[custom: {error}]"

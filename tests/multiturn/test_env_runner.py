@@ -61,11 +61,93 @@ def test_a_raising_step_is_counted_and_behaves_as_configured(on_error):
         assert raised.done and raised.reward == 0.0
 
 
+UNRULY = "tests.multiturn.envs_for_tests:UnrulyEnv"
+
+
+def _run(runner: EnvRunner, go):
+    """asyncio.run(go()), or the test fails (old code let SystemExit and KeyboardInterrupt end it)."""
+    try:
+        return asyncio.run(go())
+    except BaseException as e:
+        pytest.fail(f"user code ended the rollout: {type(e).__name__}: {e}")
+    finally:
+        runner.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_step_that_exits_interrupts_or_kills_its_worker_is_only_that_trajectorys_error(mode):
+    """sys.exit(0) or KeyboardInterrupt in a step used to end seer-run; os._exit broke the process
+    pool for every later step. Now each is its trajectory's error and the others go on."""
+    log: list[str] = []
+    runner = EnvRunner(UNRULY, EnvConfig(mode=mode, workers=2), log=log.append)
+    hows = ["exit", "interrupt", "die", None] if mode == "process" else ["exit", "interrupt", None]
+
+    async def go():
+        for k, how in enumerate(hows):
+            await runner.start(str(k), "p", {"step": how})
+        # one at a time: a call in a pool that another call breaks runs once again, then fails
+        bad = [await runner.step(str(k), turn(1)) for k in range(len(hows) - 1)]
+        good = [await runner.step(str(len(hows) - 1), turn(k)) for k in (1, 2, 3)]
+        return bad, good
+
+    bad, good = _run(runner, go)
+    errors = [r.error for r in bad]
+    assert errors[:2] == ["SystemExit: 0", "KeyboardInterrupt: "]
+    assert all(not r.done and r.observation.text.startswith("[custom: ") for r in bad)  # its error_observation
+    assert [r.error for r in good] == [None] * 3 and good[-1].done and good[-1].reward == 3.0
+    if mode == "process":
+        assert errors[2].startswith("BrokenProcessPool")
+        assert runner.stats.pools_broken == 2 and "environment workers: a worker process died" in log[0]
+    assert runner.stats.errors == len(hows) - 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_an_environment_constructor_is_bounded_and_guarded(mode):
+    """The constructor ran on the event loop with no bound: one that hung stalled the rollout,
+    one that called sys.exit ended it. Now it runs in a worker within env.init_timeout_s."""
+    runner = EnvRunner(UNRULY, EnvConfig(mode=mode, workers=3, init_timeout_s=3.0))
+
+    async def go():
+        return await asyncio.gather(*(runner.start(k, "p", {"init": k}) for k in ("hang", "exit", "fine")))
+
+    hung, exited, fine = _run(runner, go)
+    assert hung.done and hung.reward == 0.0 and hung.error == "TimeoutError: UnrulyEnv() took longer than 3.0 s"
+    assert exited.done and exited.error == "SystemExit in UnrulyEnv(): 0"
+    assert fine.error is None and fine.observation == Observation(token_ids=(62,))
+    assert runner.stats.errors == 2 and runner.stats.calls == 1  # one reset; constructors are not calls
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["hang", "raise"])
+def test_an_error_observation_that_hangs_or_raises_gives_the_default_one(how):
+    """error_observation ran unguarded on the event loop; now in a worker within env.timeout_s,
+    and when it fails too the model sees the default error observation."""
+    runner = EnvRunner(UNRULY, EnvConfig(timeout_s=3.0, workers=1))
+
+    async def go():
+        await runner.start("a", "p", {"step": "raise", "error_observation": how})
+        return await runner.step("a", turn(1))
+
+    reply = _run(runner, go)
+    assert reply.error == "RuntimeError: tool crashed" and not reply.done
+    assert reply.observation == Observation(text="\n[error: RuntimeError: tool crashed]\n")
+
+
+def test_environment_calls_are_bounded_by_default():
+    from seer.tasks.workers import BOUNDS
+
+    cfg = load_config().env
+    assert (cfg.timeout_s, cfg.init_timeout_s) == (BOUNDS.env_call_s, BOUNDS.env_init_s) == (10.0, 60.0)
+
+
 @pytest.mark.parametrize("override, key", [
     ("task.env=tests.multiturn.envs_for_tests:NoSuchEnv", "task.env"),
     ("task.env=nosuch", "task.env"),
     ("env.max_turns=0", "env.max_turns"),
     ("env.timeout_s=-1", "env.timeout_s"),
+    ("env.init_timeout_s=0", "env.init_timeout_s"),
     ("task.env_args={x: 1}", "task.env_args"),
 ])
 def test_bad_environment_settings_name_the_key(override, key):

@@ -29,3 +29,29 @@ def exact_or_hang(response_text: str, reference: dict) -> float:
     if response_text == "hang":
         return hang(response_text, reference)
     return exact(response_text, reference)
+
+
+def exit_once(response_text: str, reference: dict) -> float:
+    """`exact`, except that the first call (of all processes: a flag file) kills its worker process,
+    as a segfault or the OOM killer would."""
+    import os
+
+    try:
+        os.close(os.open(reference["flag"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return exact(response_text, reference)
+    os._exit(1)
+
+
+def dies_or_exits(response_text: str, reference: dict) -> float:
+    """`exact`, except for responses that end their process or the program as user code can."""
+    import os
+    import sys
+
+    if response_text == "die":
+        os._exit(1)
+    if response_text.startswith("exit"):
+        sys.exit(int(response_text[4:]))
+    if response_text == "interrupt":
+        raise KeyboardInterrupt
+    return exact(response_text, reference)

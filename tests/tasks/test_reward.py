@@ -195,4 +195,90 @@ def test_reward_settings_are_validated_naming_the_key():
     with pytest.raises(ConfigError, match="task.reward 'nope:f': cannot import module 'nope'"):
         load_config(overrides=["task.reward=nope:f"])
     cfg = load_config()
-    assert (cfg.rollout.reward_mode, cfg.rollout.reward_timeout_s) == ("thread", None)
+    assert (cfg.rollout.reward_mode, cfg.rollout.reward_timeout_s) == ("thread", 300.0)
+    assert load_config(overrides=["rollout.reward_timeout_s=null"]).rollout.reward_timeout_s is None
+
+
+def test_a_reward_is_bounded_by_default():
+    """A hung reward used to stall the run forever (reward_timeout_s defaulted to none): now the
+    run config and the runner itself default to UserCodeBounds' generous 300 s."""
+    from seer.config import load_config
+    from seer.tasks.workers import BOUNDS
+
+    assert BOUNDS.reward_s == 300.0
+    with load_config().rollout.reward_runner(f"{MOD}:exact") as runner:
+        assert runner.timeout_s == BOUNDS.reward_s and runner._workers.timeout_s == BOUNDS.reward_s
+    with RewardRunner(f"{MOD}:exact") as runner:
+        assert runner.timeout_s == BOUNDS.reward_s
+
+
+# -- user code that ends its process or the program (a reward is never the end of the run) --------------
+
+def _score_all(runner: RewardRunner, samples: list[Sample], sequential: bool = False) -> list[Sample]:
+    """Every sample scored, or the test fails (instead of ending: old code let SystemExit and
+    KeyboardInterrupt through to pytest)."""
+    async def go():
+        if sequential:
+            return [await runner.score(s) for s in samples]
+        for s in samples:
+            runner.submit(s)
+        return await runner.wait_all()
+
+    try:
+        return asyncio.run(go())
+    except BaseException as e:
+        pytest.fail(f"user code ended the scoring: {type(e).__name__}: {e}")
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_worker_that_dies_has_its_pool_replaced_and_later_rewards_score(tmp_path):
+    """One os._exit in a reward broke the process pool for the rest of the run (every later reward
+    an error). Now the pool is replaced, counted and logged, and the call runs once again."""
+    log: list[str] = []
+    ref = {"answer": 4, "flag": str(tmp_path / "died")}
+    samples = [_sample("4", i=i) for i in range(4)]
+    for s in samples:
+        s.prompt = PromptSpec(s.prompt.index, "", [1], ref)
+    with RewardRunner(f"{MOD}:exit_once", use_processes=True, max_workers=1, log=log.append) as runner:
+        done = _score_all(runner, samples, sequential=True)
+    assert (tmp_path / "died").exists()  # the first call did kill its worker
+    assert [s.reward for s in done] == [1.0] * 4 and all(s.reward_error is None for s in done)
+    assert runner.stats.pools_broken == 1 and runner.stats.errors == 0
+    assert len(log) == 1 and "reward workers: a worker process died" in log[0] and "1 so far" in log[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_that_always_kills_its_worker_is_that_samples_error_only():
+    log: list[str] = []
+    samples = [_sample("die", i=0), *(_sample("4", i=i) for i in range(1, 4))]
+    with RewardRunner(f"{MOD}:dies_or_exits", use_processes=True, max_workers=1, log=log.append) as runner:
+        died, *rest = _score_all(runner, samples, sequential=True)
+    assert died.reward == 0.0 and died.reward_error.startswith("BrokenProcessPool")
+    assert [s.reward for s in rest] == [1.0, 1.0, 1.0] and all(s.reward_error is None for s in rest)
+    assert runner.stats.pools_broken == 2 and len(log) == 2  # it broke the pool, and the one it ran again in
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_reward_that_exits_or_interrupts_is_its_samples_error_not_the_runs_end(mode):
+    """sys.exit() (0 included) and KeyboardInterrupt in a reward used to end seer-run."""
+    samples = [_sample(t, i=i) for i, t in enumerate(["exit0", "exit3", "interrupt", "4"])]
+    with RewardRunner(f"{MOD}:dies_or_exits", use_processes=mode == "process", max_workers=2) as runner:
+        done = _score_all(runner, samples)
+    assert [s.reward_error for s in done] == ["SystemExit: 0", "SystemExit: 3", "KeyboardInterrupt: ", None]
+    assert [s.reward for s in done] == [0.0, 0.0, 0.0, 1.0]
+    assert runner.stats.errors == 3 and runner.stats.pools_broken == 0
+
+
+def test_cancelling_the_run_still_cancels_a_reward():
+    """The one exception not taken as the sample's error: the run's own cancellation."""
+    async def go():
+        with RewardRunner(f"{MOD}:hang", timeout_s=60) as runner:
+            task = runner.submit(_sample("4"))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return runner.stats
+
+    assert asyncio.run(go()).errors == 0
