@@ -16,6 +16,12 @@ server answers one status frame and, if the secret is wrong, closes. After it, e
 one serialized SyncRequest and each server frame one status byte (0: OK, else a grpc.StatusCode
 value) followed by the serialized SyncResponse, or by the error's UTF-8 text, after which the
 server closes the connection (as an aborted stream).
+
+Bounds (Limits): at most ``max_lane_connections`` open connections (one more is answered
+RESOURCE_EXHAUSTED and closed); a frame that does not arrive whole in one read is held against the
+store's memory budget for its declared length until it is complete (RESOURCE_EXHAUSTED if the
+budget has no room), and a connection that sends nothing for ``lane_idle_s`` in the middle of a
+frame is closed (``LaneProtocol.idle_for``, checked by the server's reaper).
 """
 
 from __future__ import annotations
@@ -51,20 +57,37 @@ class LaneProtocol(asyncio.Protocol):
     """One client connection on the server's event loop: the hello, then `sync(raw) -> bytes`
     per frame. ``sync`` raises DgdsError for what the gRPC stream would abort with."""
 
-    def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set):
+    def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set,
+                 max_connections: int = 1024, reserve=None, release=None):
         self._sync, self._observe, self._status_of = sync, observe, status_of
-        self._open = open_set  # the server's open connections, closed when it stops
+        self._open = open_set  # the server's open connections (LaneProtocols), closed when it stops
         self._hello = HELLO + (token or "").encode()
         self._max = max_message_bytes
+        self._max_connections = max_connections
+        self._reserve, self._release = reserve, release  # the store's budget for partial frames (bytes)
+        self._held = 0  # bytes reserved for the partial frame in _buf
+        self.last_read = time.monotonic()  # the last bytes received (the reaper's idle check)
         self._buf = bytearray()
         self._cache = [None]  # this connection's group lookup (GroupStore.sync_raw)
         self._authed = False
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
+    def idle_for(self, now: float) -> float:
+        """Seconds this connection has sat in the middle of a frame (0 between frames)."""
+        return now - self.last_read if self._buf else 0.0
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._open.add(transport)
+        if len(self._open) >= self._max_connections:
+            self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the sync lane holds its maximum of "
+                                                           f"{self._max_connections} connections")
+            return
+        self._open.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -77,9 +100,22 @@ class LaneProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self._transport is not None:
-            self._open.discard(self._transport)
+        self._open.discard(self)
         self._transport = None
+        self._hold(0)
+        self._buf = bytearray()
+
+    def _hold(self, n: int) -> bool:
+        """Hold n bytes of the budget for the partial frame (instead of what was held)."""
+        if self._release is None or n == self._held:
+            return True
+        if self._held:
+            self._release(self._held)
+            self._held = 0
+        if n and not self._reserve(n):
+            return False
+        self._held = n
+        return True
 
     def pause_writing(self) -> None:  # a client that does not read its answers: stop reading it
         if self._transport is not None:
@@ -94,10 +130,11 @@ class LaneProtocol(asyncio.Protocol):
         if t is not None:
             t.write(frame(message.encode(), code.value[0]))
             t.close()
-            self._open.discard(t)
+            self._open.discard(self)
             self._transport = None
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
         if self._authed and not self._buf and len(data) >= 4:  # the usual case: one whole frame
             (n,) = _LEN.unpack_from(data)
             if len(data) == 4 + n and n <= self._max:
@@ -113,9 +150,13 @@ class LaneProtocol(asyncio.Protocol):
                 self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"frame of {n} bytes over the limit of {limit}")
                 return
             if len(buf) < 4 + n:
+                if not self._hold(4 + n):
+                    self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"a frame of {n} bytes: the server's memory budget has no room for it")
                 return
             payload = bytes(buf[4 : 4 + n])
             del buf[: 4 + n]
+            self._hold(0)
             if self._authed:
                 self._answer(payload)
             elif hmac.compare_digest(payload, self._hello):
