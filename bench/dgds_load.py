@@ -58,9 +58,9 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
                     pool: array, out: dict) -> None:
     import grpc
 
-    from seer.dgds.server.grpc_server import auth_metadata
-    from seer.dgds.server.proto import dgds_pb2 as pb
-    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.wire import auth_metadata
+    from seer.dgds.proto import dgds_pb2 as pb
+    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
     block, sample = divmod(inst, a.group_size)
     rng = random.Random(inst)
@@ -165,7 +165,7 @@ class _LaneStream:
         self.reader = self.writer = None
 
     async def connect(self, port: int) -> None:
-        from seer.dgds.server.lane import HELLO, frame
+        from seer.dgds.wire import HELLO, frame
 
         if self.writer is not None and port == self.port:
             return
@@ -179,7 +179,7 @@ class _LaneStream:
     async def _read(self) -> bytes:
         import grpc
 
-        from seer.dgds.server.lane import LaneError
+        from seer.dgds.client.lane import LaneError
 
         n = int.from_bytes(await self.reader.readexactly(4), "little")
         data = await self.reader.readexactly(n)
@@ -188,12 +188,12 @@ class _LaneStream:
         return data[1:]
 
     async def write(self, req) -> None:
-        from seer.dgds.server.lane import frame
+        from seer.dgds.wire import frame
 
         self.writer.write(frame(req.SerializeToString()))
 
     async def read(self):
-        from seer.dgds.server.proto import dgds_pb2 as pb
+        from seer.dgds.proto import dgds_pb2 as pb
 
         return pb.SyncResponse.FromString(await self._read())
 
@@ -217,9 +217,9 @@ def _load(a: argparse.Namespace, address: str, token: str, ids: list[int], t0: f
 def _server_metrics(address: str, token: str) -> dict:
     import grpc
 
-    from seer.dgds.server.grpc_server import auth_metadata
-    from seer.dgds.server.proto import dgds_pb2 as pb
-    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.wire import auth_metadata
+    from seer.dgds.proto import dgds_pb2 as pb
+    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(address) as ch:
         m = pb_grpc.DraftServerStub(ch).GetMetrics(pb.GetMetricsRequest(), timeout=10, metadata=auth_metadata(token))

@@ -14,10 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seer.dgds.tree.suffix_tree import COMPILED
-from seer.dgds.server.client import DraftClient
+from seer.dgds.client.draft_client import DraftClient
 from seer.dgds.server.group_store import Limits
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.grpc_server import SERVICE_NAME, UNKNOWN_GROUP_KEY, DgdsServer, DraftServicer
 from seer.dgds.types import DraftParams, SpeculateRow
 

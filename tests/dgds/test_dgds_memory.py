@@ -24,11 +24,11 @@ import pytest
 
 from seer.dgds.server.config import TOKEN_ENV
 from seer.dgds.server.group_store import GroupStore, Limits, TooLarge
-from seer.dgds.server.grpc_server import DraftServicer, auth_metadata
-from seer.dgds.server.lane import HELLO, frame
+from seer.dgds.server.grpc_server import DraftServicer
+from seer.dgds.wire import HELLO, auth_metadata, frame
 from seer.dgds.server.metrics import RpcMetrics
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
 SECRET = "memory-test-secret"
 BUDGET = 48 << 20

@@ -12,8 +12,8 @@ import pytest
 from seer.dgds.server.group_store import GroupStore, Limits, TooLarge
 from seer.dgds.server.grpc_server import DgdsServer, DraftServicer
 from seer.dgds.server.metrics import RpcMetrics
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.tree import suffix_tree
 from seer.dgds.tree.suffix_tree import SuffixTree
 

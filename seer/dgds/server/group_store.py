@@ -19,9 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import sys
 import threading
-from array import array
 from collections import OrderedDict
 import time
 from dataclasses import InitVar, dataclass, field
@@ -30,6 +28,7 @@ from typing import Callable, Sequence
 from seer.dgds.tree.drafting import draft
 from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch, sync_packed
 from seer.dgds.types import Draft, DraftParams, Segment
+from seer.dgds.wire import unpack_u32
 
 log = logging.getLogger(__name__)
 
@@ -157,36 +156,6 @@ class GroupDelta:
     next: int
     segments: list[Segment]
     more: bool
-
-
-def u32(values=()) -> array:
-    """A flat uint32 array (the packed wire format's token and segment arrays)."""
-    return array("I", values)
-
-
-if u32().itemsize != 4:  # pragma: no cover - every platform CPython supports has a 4-byte C int
-    raise ImportError("seer.dgds needs a 4-byte array('I')")
-LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def unpack_u32(data: bytes) -> array:
-    """Little-endian uint32 bytes (the wire format) as an array."""
-    if len(data) % 4:
-        raise Malformed("packed uint32 field of a length that is not a multiple of 4")
-    out = u32()
-    out.frombytes(data)
-    if not LITTLE_ENDIAN:  # pragma: no cover
-        out.byteswap()
-    return out
-
-
-def pack_u32(values: array) -> bytes:
-    """An array('I') as little-endian bytes."""
-    if LITTLE_ENDIAN:
-        return values.tobytes()
-    swapped = array("I", values)  # pragma: no cover
-    swapped.byteswap()  # pragma: no cover
-    return swapped.tobytes()  # pragma: no cover
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,13 @@ from seer.dgds.server.group_store import (DgdsError, GroupStore, Limits, Malform
                                           Update)
 from seer.dgds.server.lane import LaneProtocol
 from seer.dgds.server.metrics import RpcMetrics
-from seer.dgds.server.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2 as pb
 from seer.dgds.types import DraftParams
+from seer.dgds.wire import AUTH_KEY, ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "seer.dgds.v1.DraftServer"
-UNKNOWN_GROUP_KEY = "seer-dgds-unknown-group"
-ENDED_GROUP_KEY = "seer-dgds-ended-group"  # subset of the unknown ones: finished or expired
-AUTH_KEY = "authorization"  # metadata key; value "Bearer <token>"
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 MAX_GROUPS_PER_REGISTER = 4096
 
@@ -50,11 +48,6 @@ def _serialize(message) -> bytes:
 def _serialize_any(message) -> bytes:
     """Sync answers come serialized already from the compiled core (GroupStore.sync_raw)."""
     return message if type(message) is bytes else message.SerializeToString()
-
-
-def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata that carries ``token`` (none without one)."""
-    return ((AUTH_KEY, f"Bearer {token}"),) if token else ()
 
 
 def params_from_pb(p: pb.DraftParams) -> DraftParams:
