@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from seer.dgds.server.config import TOKEN_ENV
-from seer.dgds.server.group_store import GroupStore, Limits, TooLarge
+from seer.dgds.server.group_store import GroupStore, Limits, TooLarge, Update
 from seer.dgds.server.grpc_server import DraftServicer
 from seer.dgds.wire import HELLO, auth_metadata, frame
 from seer.dgds.server.metrics import RpcMetrics
@@ -240,3 +240,26 @@ def test_a_refused_sync_applies_nothing():
     req.tokens = req.tokens[:-4]
     servicer._sync_raw(req.SerializeToString(), [None])  # four batches pending: within the limit
     assert store.sequence_length("g", "a") == 3 and len(store._groups["g"].pending[1]) == 4
+
+
+def test_past_the_budget_idle_groups_are_evicted_least_recently_renewed_first():
+    """Room is made from groups no append renewed for evict_idle_s, the longest idle first (they
+    end: a client drops them); groups in use are never evicted, and what even evicting every idle
+    group would not make room for is refused without evicting any."""
+    now = [1000.0]
+    store = GroupStore(8, Limits(max_bytes=1 << 20, evict_idle_s=60), clock=lambda: now[0])
+    for i in range(4):
+        store.register(f"g{i}", 600)
+        store.update([Update(f"g{i}", "r", 0, list(range(5_000)))])
+        now[0] += 100  # g0 is the longest idle, then g1, ...
+    store.update([Update("g1", "r", 5_000, [1])])  # g1 in use again: renewed now
+    used = store.used_bytes()
+    # a group that needs a little more than is left: the longest idle group goes (g0), no other
+    store.register("big", 600)
+    store.update([Update("big", "r", 0, list(range(((1 << 20) - used) // 24 + 100)))])
+    assert set(store._groups) == {"g1", "g2", "g3", "big"}
+    assert store.evicted_total == 1 and "g0" in store._ended
+    # more than evicting every idle group (g2, g3) would free: refused, and nothing evicted for it
+    with pytest.raises(TooLarge):
+        store.update([Update("big", "r2", 0, list(range(60_000)))])
+    assert set(store._groups) == {"g1", "g2", "g3", "big"} and store.used_bytes() <= 1 << 20

@@ -120,6 +120,7 @@ ENDED_BYTES = 160  # the record of an ended group (plus its id)
 # replaces the charges at the next recount. A built tree's appends also add nodes and int objects.
 RAW_BYTE_COST = 16
 RAW_BYTE_COST_BUILT = 96
+RECOUNT_MIN_S = 0.25  # a store at its budget counts anew at most this often (O(groups) each), else refuses
 
 
 class UpdateStatus(enum.IntEnum):
@@ -211,6 +212,7 @@ class GroupState:
     request_ids: list[str] = field(default_factory=list)
     pending: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
     pending_tokens: int = 0  # tokens in ``pending`` (they count toward max_tokens_per_group)
+    id_bytes: int = 0  # the request ids' characters (nbytes stays O(1))
     charge: Callable[[int], None] | None = None  # the store's accounting (GroupStore._charge)
 
     def __post_init__(self, lease_ttl: float, lease_expires_at: float) -> None:
@@ -240,6 +242,7 @@ class GroupState:
             idx = self.tree.add_sequence()
             self.request_index[request_id] = idx
             self.request_ids.append(request_id)
+            self.id_bytes += len(request_id)
             if self.charge is not None:
                 self.charge(REQUEST_BYTES + 8 * self.tree.max_depth + len(request_id))
         return idx
@@ -303,7 +306,7 @@ class GroupState:
         """This group's share of the store's accounting (GroupStore.used_bytes)."""
         t = self.tree
         n = GROUP_BYTES + len(self.group_id) + t.num_tokens * TOKEN_BYTES + t.log_size * SEGMENT_BYTES
-        n += len(self.request_ids) * (REQUEST_BYTES + 8 * t.max_depth) + sum(map(len, self.request_ids))
+        n += len(self.request_ids) * (REQUEST_BYTES + 8 * t.max_depth) + self.id_bytes
         if not t.deferred:
             n += t.num_tokens * BUILT_TOKEN_BYTES + t.num_nodes * NODE_BYTES
         if self.pending:
@@ -331,7 +334,7 @@ def _check_appends(appends: Sequence[tuple[GroupState | None, str, int, int]], l
     refuse what would fit, never the reverse), so that a message is applied whole or not at all."""
     lengths: dict[tuple[int, str], int] = {}
     waiting: dict[tuple[int, str], dict[int, int]] = {}
-    groups: dict[int, list] = {}  # id(state) -> [tokens, pending tokens, requests]
+    groups: dict[int, list] = {}  # id(state) -> [tokens, pending tokens, requests, bytes per token]
     grow = 0
     for g, rid, prev, m in appends:
         if g is None or m == 0:
@@ -339,7 +342,8 @@ def _check_appends(appends: Sequence[tuple[GroupState | None, str, int, int]], l
         key = (id(g), rid)
         gs = groups.get(id(g))
         if gs is None:
-            gs = groups[id(g)] = [g.tree.num_tokens, g.pending_tokens, len(g.request_ids)]
+            gs = groups[id(g)] = [g.tree.num_tokens, g.pending_tokens, len(g.request_ids),
+                                  TOKEN_BYTES + (0 if g.tree.deferred else BUILT_TOKEN_BYTES + 2 * NODE_BYTES)]
         length = lengths.get(key)
         if length is None:
             idx = g.request_index.get(rid)
@@ -367,7 +371,7 @@ def _check_appends(appends: Sequence[tuple[GroupState | None, str, int, int]], l
             new = max(0, prev + m - length)
             length += new
             gs[0] += new
-            grow += new * (TOKEN_BYTES + BUILT_TOKEN_BYTES + 2 * NODE_BYTES) + SEGMENT_BYTES
+            grow += new * gs[3] + SEGMENT_BYTES
             while w:
                 ready = [p for p in w if p <= length]
                 if not ready:
@@ -378,7 +382,7 @@ def _check_appends(appends: Sequence[tuple[GroupState | None, str, int, int]], l
                 new = max(0, p + n - length)
                 length += new
                 gs[0] += new
-                grow += new * (TOKEN_BYTES + BUILT_TOKEN_BYTES + 2 * NODE_BYTES) + SEGMENT_BYTES
+                grow += new * gs[3] + SEGMENT_BYTES
         lengths[key] = length
         if gs[0] + gs[1] > limits.max_tokens_per_group:
             raise TooLarge(f"group {g.group_id!r} would exceed {limits.max_tokens_per_group} tokens")
@@ -486,7 +490,8 @@ class GroupStore:
         def fits() -> bool:
             return self._used + self.io_bytes + n <= budget
 
-        self._recount_locked()
+        if self._since_recount and now - self._recounted >= RECOUNT_MIN_S:  # (else it is exact, or was just counted)
+            self._recount_locked()
         if fits():
             return True
         self._reap_locked(now)
@@ -494,6 +499,9 @@ class GroupStore:
             return True
         idle = sorted((g.expires_at - g.ttl, gid) for gid, g in self._groups.items()
                       if now - (g.expires_at - g.ttl) >= self.limits.evict_idle_s)
+        ended = sum(ENDED_BYTES + len(gid) for gid in self._ended)
+        if self._used + self.io_bytes + n - sum(self._groups[gid].nbytes() for _, gid in idle) - ended > budget:
+            return False  # (evicting all of them would not make room: evict none)
         for _, gid in idle:
             if fits():
                 break
@@ -577,12 +585,12 @@ class GroupStore:
 
     def reap(self) -> int:
         """Free every expired group; returns how many. Also counts the memory accounting anew
-        when what was charged as upper bounds since the last count is 1/16 of the budget, or 10 s
-        have passed (the reaper's O(groups) work stays about what the expiry sweep costs)."""
+        once what was charged as upper bounds since the last count reaches 1/16 of the budget (an
+        O(groups) count, so not on a clock: the budget's own check counts anew when it must)."""
         with self._lock:
             now = self.clock()
             n = self._reap_locked(now)
-            if self._since_recount * 16 > self.limits.max_bytes or now - self._recounted >= 10.0:
+            if self._since_recount * 16 > self.limits.max_bytes:
                 self._recount_locked()
             return n
 
