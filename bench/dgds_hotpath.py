@@ -34,10 +34,10 @@ from pathlib import Path
 
 import grpc
 
-from seer.dgds.server.client import DraftClient
+from seer.dgds.client.draft_client import DraftClient
 from seer.dgds.tree.drafting import draft
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.grpc_server import DgdsServer, params_to_pb
 from seer.dgds.tree.suffix_tree import COMPILED, SuffixTree
 from seer.dgds.types import DraftParams, SpeculateRow

@@ -38,6 +38,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dgds_load"
 POOL = 1 << 20  # random tokens the requests' streams are cut from
+FINAL_FETCH_AFTER_S = 2.0  # after the run, before each instance's last fetch (every instance has stopped appending)
 
 
 def _rss_mib(pid: int) -> float:
@@ -57,9 +58,9 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
                     pool: array, out: dict) -> None:
     import grpc
 
-    from seer.dgds.server.grpc_server import auth_metadata
-    from seer.dgds.server.proto import dgds_pb2 as pb
-    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.wire import auth_metadata
+    from seer.dgds.proto import dgds_pb2 as pb
+    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
     block, sample = divmod(inst, a.group_size)
     rng = random.Random(inst)
@@ -118,10 +119,14 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
                     stream = stub.SyncStream(metadata=md)
                 await asyncio.sleep(0.1)
                 continue
+            applied = sum(n for n, st in zip(lens, resp.append_status) if st == pb.APPLIED)
+            stats["offered_all"] += sum(lens)
+            stats["appended_all"] += applied
+            stats["delivered_all"] += len(resp.tokens) // 4
             if timed:
                 lat.append(time.time() - sent)
                 stats["messages"] += 1
-                stats["appended"] += sum(n for n, st in zip(lens, resp.append_status) if st == pb.APPLIED)
+                stats["appended"] += applied
                 stats["delivered"] += len(resp.tokens) // 4
                 stats["appends"] += len(due)
             stats["unknown"] += len(resp.unknown_groups)
@@ -138,6 +143,18 @@ async def _instance(a: argparse.Namespace, address: str, token: str, inst: int, 
             else:
                 tick = time.time()
                 stats["late"] += 1
+        # once every instance has stopped appending: fetch the last generation's groups to their ends
+        # (delivered_all_tokens counts every token each replica received, its own ones included)
+        await asyncio.sleep(FINAL_FETCH_AFTER_S)
+        more = True
+        while more and gen >= 0:
+            await stream.write(pb.SyncRequest(group_ids=gids, fetch_group=everything, fetch_cursor=cursor,
+                                              fetch_known=known))
+            resp = await stream.read()
+            stats["delivered_all"] += len(resp.tokens) // 4
+            cursor = list(resp.fetch_next)
+            known = [k + n for k, n in zip(known, resp.fetch_new_requests)]
+            more = bool(resp.more)
 
 
 class _LaneStream:
@@ -148,7 +165,7 @@ class _LaneStream:
         self.reader = self.writer = None
 
     async def connect(self, port: int) -> None:
-        from seer.dgds.server.lane import HELLO, frame
+        from seer.dgds.wire import HELLO, frame
 
         if self.writer is not None and port == self.port:
             return
@@ -162,7 +179,7 @@ class _LaneStream:
     async def _read(self) -> bytes:
         import grpc
 
-        from seer.dgds.server.lane import LaneError
+        from seer.dgds.client.lane import LaneError
 
         n = int.from_bytes(await self.reader.readexactly(4), "little")
         data = await self.reader.readexactly(n)
@@ -171,12 +188,12 @@ class _LaneStream:
         return data[1:]
 
     async def write(self, req) -> None:
-        from seer.dgds.server.lane import frame
+        from seer.dgds.wire import frame
 
         self.writer.write(frame(req.SerializeToString()))
 
     async def read(self):
-        from seer.dgds.server.proto import dgds_pb2 as pb
+        from seer.dgds.proto import dgds_pb2 as pb
 
         return pb.SyncResponse.FromString(await self._read())
 
@@ -186,7 +203,8 @@ def _load(a: argparse.Namespace, address: str, token: str, ids: list[int], t0: f
         os.sched_setaffinity(0, a.client_cpus)
     rng = random.Random(7)
     pool = array("I", (rng.randrange(50, 60) for _ in range(POOL)))
-    outs = [{"lat": [], "stats": dict(messages=0, appended=0, delivered=0, appends=0, errors=0, unknown=0, late=0)}
+    outs = [{"lat": [], "stats": dict(messages=0, appended=0, delivered=0, appends=0, errors=0, unknown=0, late=0,
+                                      offered_all=0, appended_all=0, delivered_all=0)}
             for _ in ids]
 
     async def main() -> None:
@@ -199,9 +217,9 @@ def _load(a: argparse.Namespace, address: str, token: str, ids: list[int], t0: f
 def _server_metrics(address: str, token: str) -> dict:
     import grpc
 
-    from seer.dgds.server.grpc_server import auth_metadata
-    from seer.dgds.server.proto import dgds_pb2 as pb
-    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.wire import auth_metadata
+    from seer.dgds.proto import dgds_pb2 as pb
+    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(address) as ch:
         m = pb_grpc.DraftServerStub(ch).GetMetrics(pb.GetMetricsRequest(), timeout=10, metadata=auth_metadata(token))
@@ -312,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         "client_msg_p50_ms": round(1e3 * percentile(lat, 50), 2), "client_msg_p99_ms": round(1e3 * percentile(lat, 99), 2),
         "late_ticks": tot["late"], "errors": tot["errors"] + sum(v["errors"] for v in server_lat.values()),
         "unknown_groups": tot["unknown"],
+        # over the whole run, with a last fetch once appends stopped: with one generation
+        # (--generation-s past the run), every offered token is appended, and delivered to each of
+        # its group's group_size replicas
+        "offered_all_tokens": tot["offered_all"], "appended_all_tokens": tot["appended_all"],
+        "delivered_all_tokens": tot["delivered_all"],
         "rss_mib_first": rss[1][1] if len(rss) > 1 else None, "rss_mib_mid": rss[len(rss) // 2][1] if rss else None,
         "rss_mib_max": max(m for _, m in rss) if rss else None, "rss_mib_last": rss[-1][1] if rss else None,
         "server_pinned_cpu": a.server_cpu if pinned else None, "client_cpus": sorted(a.client_cpus or cpus),

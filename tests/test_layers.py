@@ -110,8 +110,36 @@ def test_no_module_of_the_package_imports_the_benchmarks():
     assert (SEER / "sim" / "simulate.py").is_file()  # the simulator is one of the modules checked
 
 
+# Inside seer.dgds: the client runs inside vLLM and the server in its own process, so neither
+# imports the other; what they share is the API (proto), seer.dgds.wire, the trees and the records.
+DGDS_APART = {
+    "client": ("seer.dgds.server", "seer.dgds.vllm"),
+    "server": ("seer.dgds.client",),
+    "wire.py": ("seer.dgds.server", "seer.dgds.client", "seer.dgds.vllm", "seer.dgds.tree"),
+    "proto": ("seer.dgds.server", "seer.dgds.client", "seer.dgds.vllm"),
+}
+
+
+def test_the_dgds_client_and_server_import_nothing_of_each_other():
+    bad = []
+    for part, banned in DGDS_APART.items():
+        root = SEER / "dgds" / part
+        for path in ([root] if root.suffix == ".py" else sorted(root.rglob("*.py"))):
+            for line, module in _imports(path):
+                if module.startswith(banned):
+                    bad.append(f"{path.relative_to(SEER)}:{line} imports {module}")
+    assert not bad, "\n".join(bad)
+    # and at run time: importing the client loads no server module (nor does the server load the client)
+    for module, banned in (("seer.dgds.client.draft_client", "seer.dgds.server"),
+                           ("seer.dgds.server.grpc_server", "seer.dgds.client")):
+        code = f"import sys, {module}\nprint(','.join(sorted(m for m in sys.modules if m.startswith('{banned}'))))"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "", f"import {module} loaded {r.stdout.strip()}"
+
+
 @pytest.mark.parametrize("module", ["seer.config", "seer.scheduler", "seer.types", "seer.tasks", "seer.plugins",
-                                    "seer.rundir", "seer.dgds.server.config", "seer.kvpool.config",
+                                    "seer.rundir", "seer.dgds.server.config", "seer.dgds.wire", "seer.kvpool.config",
                                     "seer.watch.run", "seer.trainer.config", "seer.trainer.metrics", "seer.trainer.errors",
                                     "seer.sim.simulate", "seer.sim.multiturn"])
 def test_light_modules_import_nothing_heavy(module):

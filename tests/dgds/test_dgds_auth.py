@@ -14,11 +14,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seer.dgds.server.client import DraftClient
+from seer.dgds.client.draft_client import DraftClient
 from seer.dgds.server.config import TOKEN_ENV, DGDSConfig
-from seer.dgds.server.grpc_server import SERVICE_NAME, DgdsServer, auth_metadata
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.server.grpc_server import SERVICE_NAME, DgdsServer
+from seer.dgds.wire import auth_metadata
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.service import DGDSService, DGDSStartError
 from seer.dgds.types import DraftParams, SpeculateRow
 

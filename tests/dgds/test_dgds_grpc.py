@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,10 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seer.dgds.tree.suffix_tree import COMPILED
-from seer.dgds.server.client import DraftClient
+from seer.dgds.client.draft_client import DraftClient
 from seer.dgds.server.group_store import Limits
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.server.grpc_server import SERVICE_NAME, UNKNOWN_GROUP_KEY, DgdsServer, DraftServicer
 from seer.dgds.types import DraftParams, SpeculateRow
 
@@ -126,7 +127,8 @@ def test_malformed_and_oversized_requests_are_rejected_and_serving_continues(stu
 
 
 def test_expired_groups_are_freed(server, stub):
-    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="short", ttl_seconds=0.2), timeout=5)
+    # (a lease long enough for the calls below on a busy machine; shortened to 0.2 s at the end)
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="short", ttl_seconds=60), timeout=5)
     stub.UpdateCst(pb.UpdateCstRequest(updates=[pb.CstUpdate(group_id="short", request_id="r", new_tokens=list(range(50)))]), timeout=5)
     m = stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)
     assert m.groups == 1 and m.tokens == 50 and m.approx_bytes > 0
@@ -135,7 +137,8 @@ def test_expired_groups_are_freed(server, stub):
     stub.BatchSpeculate(pb.BatchSpeculateRequest(rows=[pb.SpeculateRow(request_id="r", group_id="short", context=[1],
                                                                        params=PARAMS)]), timeout=5)
     assert stub.GetMetrics(pb.GetMetricsRequest(), timeout=5).nodes > 1
-    deadline = time.monotonic() + 5
+    stub.RegisterGroup(pb.RegisterGroupRequest(group_id="short", ttl_seconds=0.2), timeout=5)  # (renews to 0.2 s)
+    deadline = time.monotonic() + 30
     while stub.GetMetrics(pb.GetMetricsRequest(), timeout=5).groups and time.monotonic() < deadline:
         time.sleep(0.05)
     m = stub.GetMetrics(pb.GetMetricsRequest(), timeout=5)
@@ -188,15 +191,30 @@ def test_clients_share_group_context_through_the_server(server):
 
 
 def test_client_without_server_returns_empty_drafts_and_never_raises():
-    with DraftClient("127.0.0.1:1", fetch_interval_s=0.01, rpc_timeout_s=0.2) as c:
+    """A server that accepts no call (a listening socket nobody serves): the client's thread waits
+    on it for rpc_timeout_s, while batch_speculate answers at once from local state (it would take
+    the whole 60 s if it waited on the server); once the socket goes, calls fail and nothing raises."""
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(16)
+    c = DraftClient(f"127.0.0.1:{hang.getsockname()[1]}", fetch_interval_s=0.01, rpc_timeout_s=60)
+    try:
         c.register_group("g", 10)
         c.append("g", "r", [1, 2, 3, 1, 2, 3])
+        time.sleep(0.2)  # (the thread is now in its RegisterGroups call)
         t0 = time.perf_counter()
         drafts = c.batch_speculate([SpeculateRow("r", "g", [1, 2], DraftParams())] * 256)
-        assert time.perf_counter() - t0 < 0.5
-        assert all(d.paths == () for d in drafts)
-        assert not c.sync(0.3)
+        assert time.perf_counter() - t0 < 20
+        assert len(drafts) == 256 and all(d.paths == () for d in drafts)
+        assert not c.sync(0.3) and c.stats().unacked_tokens == 6
+        hang.close()  # (the connection is reset: the call fails)
+        deadline = time.monotonic() + 30
+        while c.stats().rpc_errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert c.stats().rpc_errors > 0 and c.stats().unacked_tokens == 6
+    finally:
+        hang.close()
+        c.close(flush_timeout=0)
 
 
 def test_cli_serves_health_and_shuts_down_gracefully():

@@ -12,11 +12,13 @@ from array import array
 import grpc
 import pytest
 
+from seer.dgds.client import lane as client_lane
 from seer.dgds.server import lane
-from seer.dgds.server.client import DraftClient
-from seer.dgds.server.grpc_server import DgdsServer, auth_metadata
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+from seer.dgds.client.draft_client import DraftClient
+from seer.dgds.server.grpc_server import DgdsServer
+from seer.dgds.wire import auth_metadata
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
 SECRET = "lane-secret-for-this-test"
 
@@ -54,7 +56,7 @@ def _read_frame(s: socket.socket) -> bytes | None:
 
 
 def _status(data: bytes) -> grpc.StatusCode:
-    return lane._CODES[data[0]]
+    return client_lane._CODES[data[0]]
 
 
 def _register(srv: DgdsServer, *gids: str) -> pb.RegisterGroupResponse:

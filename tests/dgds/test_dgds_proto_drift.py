@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from seer.dgds.server.proto import generate
+from seer.dgds.proto import generate
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path):
@@ -15,4 +15,4 @@ def test_generated_code_matches_the_proto(tmp_path: Path):
     for name in generate.FILES:
         fresh = (tmp_path / name).read_text()
         checked_in = (generate.HERE / name).read_text()
-        assert fresh == checked_in, f"{name} drifted from protos/dgds.proto: run python -m seer.dgds.server.proto.generate"
+        assert fresh == checked_in, f"{name} drifted from protos/dgds.proto: run python -m seer.dgds.proto.generate"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from seer.dgds.server.group_store import GroupStore, Limits, Malformed, TooLarge, UnknownGroups, Update, UpdateStatus
-from seer.dgds.server.replica import GroupReplica
+from seer.dgds.client.replica import GroupReplica
 
 from .brute import substring_counts
 

@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="build every group's tree as tokens arrive (default: on the first BatchSpeculate "
                             "that names the group; clients with replicas never ask)"),
     serve.add_argument("--max-tokens-per-update", type=int, default=Limits.max_tokens_per_update)
+    serve.add_argument("--max-bytes", type=int, default=None,
+                       help="memory budget in bytes, in the server's own accounting (default: a quarter of "
+                            "this machine's memory, at most 8 GiB; docs/dgds.md, Limits)")
+    serve.add_argument("--max-requests-per-group", type=int, default=Limits.max_requests_per_group)
+    serve.add_argument("--max-lane-connections", type=int, default=Limits.max_lane_connections)
+    serve.add_argument("--lane-idle", type=float, default=Limits.lane_idle_s,
+                       help="seconds a sync-lane connection may stop in the middle of a frame before it is closed")
     serve.add_argument("--reap-interval", type=float, default=1.0, help="seconds between TTL sweeps")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get at shutdown")
     serve.add_argument("--log-level", default="INFO")
@@ -61,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from seer.dgds.server.grpc_server import DgdsServer  # after arg parsing: --help stays fast
 
-    limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update)
+    budget = {} if args.max_bytes is None else {"max_bytes": args.max_bytes}
+    limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update,
+                    max_requests_per_group=args.max_requests_per_group,
+                    max_lane_connections=args.max_lane_connections, lane_idle_s=args.lane_idle, **budget)
     server = DgdsServer(args.host, args.port, max_depth=args.max_depth, limits=limits,
                         reap_interval_s=args.reap_interval, token=token, lazy_trees=not args.eager_trees,
                         sync_lane=not args.no_sync_lane).start()

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# The run's DGDS secret: read by `seer-dgds serve`, DraftClient (and so the proposer inside vLLM) and
-# seer-run joining a server at dgds.address. An environment variable only: never a config field or
-# a command-line argument (any local user can read those in /proc/<pid>/cmdline).
-TOKEN_ENV = "SEER_DGDS_TOKEN"
+from seer.dgds.wire import TOKEN_ENV  # noqa: F401  (the run's secret: see there)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ until the gap fills.
 from __future__ import annotations
 
 import enum
-import sys
+import logging
+import os
 import threading
-from array import array
 from collections import OrderedDict
 import time
 from dataclasses import InitVar, dataclass, field
@@ -28,6 +28,9 @@ from typing import Callable, Sequence
 from seer.dgds.tree.drafting import draft
 from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch, sync_packed
 from seer.dgds.types import Draft, DraftParams, Segment
+from seer.dgds.wire import unpack_u32
+
+log = logging.getLogger(__name__)
 
 
 class DgdsError(Exception):
@@ -55,15 +58,36 @@ class TooLarge(DgdsError):
     """The request exceeds a configured limit -> RESOURCE_EXHAUSTED."""
 
 
+def default_max_bytes() -> int:
+    """The memory budget's default: a quarter of this machine's memory, at most 8 GiB (the server
+    shares its node with inference instances or a trainer)."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        ram = 16 << 30
+    return min(8 << 30, ram // 4)
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Bounds that keep one misbehaving client from exhausting the server."""
+    """Bounds that keep one misbehaving client from exhausting the server (docs/dgds.md, "Limits").
+
+    ``max_bytes`` is the memory budget, in the store's own accounting (``GroupStore.used_bytes``):
+    what would pass it is refused (RESOURCE_EXHAUSTED) once expired groups, groups idle for
+    ``evict_idle_s`` (oldest first) and the records of ended groups are freed and it still would.
+    """
 
     max_groups: int = 100_000
     max_tokens_per_update: int = 65_536
     max_updates_per_call: int = 4_096
-    max_tokens_per_group: int = 16_000_000
-    max_pending_per_request: int = 64
+    max_tokens_per_group: int = 16_000_000  # a group's tokens, buffered out-of-order ones included
+    max_requests_per_group: int = 4_096
+    max_pending_per_request: int = 64  # out-of-order batches waiting for a gap to fill
+    max_pending_tokens_per_group: int = 1_048_576  # their tokens, over all of a group's requests
+    max_bytes: int = field(default_factory=default_max_bytes)
+    evict_idle_s: float = 60.0  # a group no append renewed for this long may be evicted for room
+    max_lane_connections: int = 1_024
+    lane_idle_s: float = 30.0  # a sync-lane connection stopped this long in the middle of a frame is closed
     max_rows_per_speculate: int = 4_096
     max_context_tokens: int = 1_000_000
     max_spec_tokens: int = 256
@@ -71,6 +95,32 @@ class Limits:
     max_id_len: int = 256
     max_ttl_seconds: float = 7 * 24 * 3600.0
     max_fetch_tokens: int = 4_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_pending_tokens_per_group < self.max_tokens_per_update:
+            raise ValueError("max_pending_tokens_per_group must hold at least one update (max_tokens_per_update)")
+        if self.max_pending_per_request < 1 or self.max_requests_per_group < 1 or self.max_bytes < 1:
+            raise ValueError("max_pending_per_request, max_requests_per_group and max_bytes must be >= 1")
+
+
+# The store's memory accounting (bytes; GroupStore.used_bytes). Upper bounds of what the compiled
+# tree and the Python objects around it hold, array capacities (which double) included;
+# tests/dgds/test_dgds_memory.py checks them against a real server's RSS.
+GROUP_BYTES = 8_192  # GroupState, Tree, its first node and hash blocks, dicts and map entries
+REQUEST_BYTES = 1_024  # a sequence: its Seq, list, id str and map entries (plus 8 * max_depth: its windows)
+TOKEN_BYTES = 24  # a token in a sequence (int64) and in the log (uint32), both with doubling capacity
+SEGMENT_BYTES = 64  # a log segment (4 int64, doubling)
+BUILT_TOKEN_BYTES = 48  # a built tree's token also in its Python list (a pointer and an int object)
+NODE_BYTES = 150  # a built tree's node (56-byte struct, doubling) and its hash entries
+PENDING_BATCH_BYTES = 256  # an out-of-order batch: its tuple and dict entry
+PENDING_TOKEN_BYTES = 48  # a token in it (a pointer and an int object)
+ENDED_BYTES = 160  # the record of an ended group (plus its id)
+# A Sync message taken by the compiled core is charged this much per byte before it runs (what its
+# tokens and segments can add at most: 4 bytes per token, >= 10 per segment); the exact count
+# replaces the charges at the next recount. A built tree's appends also add nodes and int objects.
+RAW_BYTE_COST = 16
+RAW_BYTE_COST_BUILT = 96
+RECOUNT_MIN_S = 0.25  # a store at its budget counts anew at most this often (O(groups) each), else refuses
 
 
 class UpdateStatus(enum.IntEnum):
@@ -107,36 +157,6 @@ class GroupDelta:
     next: int
     segments: list[Segment]
     more: bool
-
-
-def u32(values=()) -> array:
-    """A flat uint32 array (the packed wire format's token and segment arrays)."""
-    return array("I", values)
-
-
-if u32().itemsize != 4:  # pragma: no cover - every platform CPython supports has a 4-byte C int
-    raise ImportError("seer.dgds needs a 4-byte array('I')")
-LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def unpack_u32(data: bytes) -> array:
-    """Little-endian uint32 bytes (the wire format) as an array."""
-    if len(data) % 4:
-        raise Malformed("packed uint32 field of a length that is not a multiple of 4")
-    out = u32()
-    out.frombytes(data)
-    if not LITTLE_ENDIAN:  # pragma: no cover
-        out.byteswap()
-    return out
-
-
-def pack_u32(values: array) -> bytes:
-    """An array('I') as little-endian bytes."""
-    if LITTLE_ENDIAN:
-        return values.tobytes()
-    swapped = array("I", values)  # pragma: no cover
-    swapped.byteswap()  # pragma: no cover
-    return swapped.tobytes()  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -191,6 +211,9 @@ class GroupState:
     request_index: dict[str, int] = field(default_factory=dict)
     request_ids: list[str] = field(default_factory=list)
     pending: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    pending_tokens: int = 0  # tokens in ``pending`` (they count toward max_tokens_per_group)
+    id_bytes: int = 0  # the request ids' characters (nbytes stays O(1))
+    charge: Callable[[int], None] | None = None  # the store's accounting (GroupStore._charge)
 
     def __post_init__(self, lease_ttl: float, lease_expires_at: float) -> None:
         self.ttl, self.expires_at = lease_ttl, lease_expires_at
@@ -211,25 +234,43 @@ class GroupState:
     def expires_at(self, value: float) -> None:
         self.tree.core.expires_at = value
 
-    def seq_of(self, request_id: str) -> int:
+    def seq_of(self, request_id: str, limits: Limits | None = None) -> int:
         idx = self.request_index.get(request_id)
         if idx is None:
+            if limits is not None and len(self.request_ids) >= limits.max_requests_per_group:
+                raise TooLarge(f"group {self.group_id!r} holds the maximum of {limits.max_requests_per_group} requests")
             idx = self.tree.add_sequence()
             self.request_index[request_id] = idx
             self.request_ids.append(request_id)
+            self.id_bytes += len(request_id)
+            if self.charge is not None:
+                self.charge(REQUEST_BYTES + 8 * self.tree.max_depth + len(request_id))
         return idx
 
     def apply(self, request_id: str, prev: int, tokens: Sequence[int], limits: Limits) -> tuple[UpdateStatus, int]:
-        """(status, the request's contiguous tokens on the server now)."""
+        """(status, the request's contiguous tokens on the server now). An empty batch changes
+        nothing (it makes no request). Callers check the limits first (GroupStore._check_appends,
+        or sync_packed's pre-pass), so that a message is applied whole or not at all; the checks
+        here are the backstop."""
         idx = self.request_index.get(request_id)
+        if not tokens:
+            return UpdateStatus.DUPLICATE, 0 if idx is None else self.tree.seq_len(idx)
         if idx is None:
-            idx = self.seq_of(request_id)
+            idx = self.seq_of(request_id, limits)
         seq_len = self.tree.seq_len  # (not tree.seqs: that would fill a lazy tree's Python lists)
         if prev > seq_len(idx):
             waiting = self.pending.setdefault(idx, {})
-            if prev not in waiting and len(waiting) >= limits.max_pending_per_request:
+            old = waiting.get(prev)
+            grow = len(tokens) - (0 if old is None else len(old))
+            if old is None and len(waiting) >= limits.max_pending_per_request:
                 raise TooLarge(f"request {request_id!r}: too many out-of-order batches pending")
+            if self.pending_tokens + grow > limits.max_pending_tokens_per_group or \
+                    self.tree.num_tokens + self.pending_tokens + grow > limits.max_tokens_per_group:
+                raise TooLarge(f"group {self.group_id!r}: too many tokens buffered out of order")
             waiting[prev] = tuple(tokens)
+            self.pending_tokens += grow
+            if self.charge is not None:
+                self.charge(grow * PENDING_TOKEN_BYTES + (PENDING_BATCH_BYTES if old is None else 0))
             return UpdateStatus.BUFFERED, seq_len(idx)
         status = self._append(idx, prev, tokens, limits)
         waiting = self.pending.get(idx)
@@ -238,7 +279,11 @@ class GroupState:
             if not ready:
                 break
             p = min(ready)
-            self._append(idx, p, waiting.pop(p), limits)
+            batch = waiting.pop(p)
+            self.pending_tokens -= len(batch)
+            if self.charge is not None:
+                self.charge(-len(batch) * PENDING_TOKEN_BYTES - PENDING_BATCH_BYTES)
+            self._append(idx, p, batch, limits)
         if waiting is not None and not waiting:
             del self.pending[idx]
         return status, seq_len(idx)
@@ -250,10 +295,23 @@ class GroupState:
         new = tokens[overlap:]
         if not new:
             return UpdateStatus.DUPLICATE
-        if self.tree.num_tokens + len(new) > limits.max_tokens_per_group:
+        if self.tree.num_tokens + self.pending_tokens + len(new) > limits.max_tokens_per_group:
             raise TooLarge(f"group {self.group_id!r} would exceed {limits.max_tokens_per_group} tokens")
         self.tree.extend(idx, new)
+        if self.charge is not None:
+            self.charge(len(new) * (TOKEN_BYTES + (0 if self.tree.deferred else BUILT_TOKEN_BYTES)) + SEGMENT_BYTES)
         return UpdateStatus.APPLIED
+
+    def nbytes(self) -> int:
+        """This group's share of the store's accounting (GroupStore.used_bytes)."""
+        t = self.tree
+        n = GROUP_BYTES + len(self.group_id) + t.num_tokens * TOKEN_BYTES + t.log_size * SEGMENT_BYTES
+        n += len(self.request_ids) * (REQUEST_BYTES + 8 * t.max_depth) + self.id_bytes
+        if not t.deferred:
+            n += t.num_tokens * BUILT_TOKEN_BYTES + t.num_nodes * NODE_BYTES
+        if self.pending:
+            n += self.pending_tokens * PENDING_TOKEN_BYTES + PENDING_BATCH_BYTES * sum(map(len, self.pending.values()))
+        return n
 
     def delta(self, start: int, max_tokens: int) -> GroupDelta:
         try:
@@ -267,6 +325,68 @@ class GroupState:
             segments.append(Segment(names[segs[k]], segs[k + 1], tuple(toks[t0 : t0 + n])))
             t0 += n
         return GroupDelta(self.group_id, self.tree.max_depth, start, end, segments, bool(more))
+
+
+def _check_appends(appends: Sequence[tuple[GroupState | None, str, int, int]], limits: Limits) -> int:
+    """TooLarge if applying these (group, request, prev, length) appends in order would pass a
+    limit of a group; else an upper bound of the bytes they add. Simulates GroupState.apply on the
+    requests' lengths and out-of-order batches (a conflict is taken as new tokens: the bound may
+    refuse what would fit, never the reverse), so that a message is applied whole or not at all."""
+    lengths: dict[tuple[int, str], int] = {}
+    waiting: dict[tuple[int, str], dict[int, int]] = {}
+    groups: dict[int, list] = {}  # id(state) -> [tokens, pending tokens, requests, bytes per token]
+    grow = 0
+    for g, rid, prev, m in appends:
+        if g is None or m == 0:
+            continue
+        key = (id(g), rid)
+        gs = groups.get(id(g))
+        if gs is None:
+            gs = groups[id(g)] = [g.tree.num_tokens, g.pending_tokens, len(g.request_ids),
+                                  TOKEN_BYTES + (0 if g.tree.deferred else BUILT_TOKEN_BYTES + 2 * NODE_BYTES)]
+        length = lengths.get(key)
+        if length is None:
+            idx = g.request_index.get(rid)
+            if idx is None:
+                gs[2] += 1
+                if gs[2] > limits.max_requests_per_group:
+                    raise TooLarge(f"group {g.group_id!r} would pass {limits.max_requests_per_group} requests")
+                grow += REQUEST_BYTES + 8 * g.tree.max_depth + len(rid)
+                length = 0
+                waiting[key] = {}
+            else:
+                length = g.tree.seq_len(idx)
+                waiting[key] = {p: len(t) for p, t in g.pending.get(idx, {}).items()}
+        w = waiting[key]
+        if prev > length:
+            old = w.get(prev)
+            if old is None and len(w) >= limits.max_pending_per_request:
+                raise TooLarge(f"request {rid!r}: too many out-of-order batches pending")
+            gs[1] += m - (old or 0)
+            w[prev] = m
+            grow += m * PENDING_TOKEN_BYTES + PENDING_BATCH_BYTES
+            if gs[1] > limits.max_pending_tokens_per_group:
+                raise TooLarge(f"group {g.group_id!r}: too many tokens buffered out of order")
+        else:
+            new = max(0, prev + m - length)
+            length += new
+            gs[0] += new
+            grow += new * gs[3] + SEGMENT_BYTES
+            while w:
+                ready = [p for p in w if p <= length]
+                if not ready:
+                    break
+                p = min(ready)
+                n = w.pop(p)
+                gs[1] -= n
+                new = max(0, p + n - length)
+                length += new
+                gs[0] += new
+                grow += new * gs[3] + SEGMENT_BYTES
+        lengths[key] = length
+        if gs[0] + gs[1] > limits.max_tokens_per_group:
+            raise TooLarge(f"group {g.group_id!r} would exceed {limits.max_tokens_per_group} tokens")
+    return grow
 
 
 def _check_id(kind: str, value: str, limits: Limits) -> None:
@@ -312,6 +432,86 @@ class GroupStore:
         self.expired_total = 0
         self._ended: OrderedDict[str, None] = OrderedDict()  # recently finished/expired ids
         self._max_ended = 100_000
+        # The memory accounting (used_bytes): exact as of the last recount, plus what changed since,
+        # exactly where Python made the change, as an upper bound (RAW_BYTE_COST) for the compiled
+        # core's appends.
+        self._used = 0
+        self._since_recount = 0  # bytes charged as upper bounds since the last recount
+        self._recounted = clock()
+        self._built = 0  # groups whose tree is built (their appends cost RAW_BYTE_COST_BUILT)
+        self.io_bytes = 0  # buffered by the server's connections (the sync lane's partial frames)
+        self.evicted_total = 0
+
+    # ---- memory ------------------------------------------------------------------------
+
+    def _charge(self, n: int) -> None:
+        self._used += n
+
+    def used_bytes(self) -> int:
+        """The store's memory in its own accounting (an upper bound; Limits.max_bytes bounds it)."""
+        return self._used + self.io_bytes
+
+    def recount(self) -> int:
+        """The accounting counted anew from every group (O(groups)); returns used_bytes()."""
+        with self._lock:
+            return self._recount_locked()
+
+    def _recount_locked(self) -> int:
+        self._used = sum(g.nbytes() for g in self._groups.values()) + \
+            sum(ENDED_BYTES + len(gid) for gid in self._ended)
+        self._built = sum(not g.tree.deferred for g in self._groups.values())
+        self._since_recount = 0
+        self._recounted = self.clock()
+        return self._used + self.io_bytes
+
+    def reserve_io(self, n: int) -> bool:
+        """Room for n bytes a connection must buffer (a partial frame); False if over the budget."""
+        with self._lock:
+            if self._used + self.io_bytes + n > self.limits.max_bytes and not self._make_room(n, self.clock()):
+                return False
+            self.io_bytes += n
+            return True
+
+    def release_io(self, n: int) -> None:
+        self.io_bytes -= n
+
+    def _admit(self, n: int, now: float) -> None:
+        """Room for n more bytes, or TooLarge (held lock)."""
+        if self._used + self.io_bytes + n > self.limits.max_bytes and not self._make_room(n, now):
+            raise TooLarge(f"the server's memory budget ({self.limits.max_bytes} bytes) is spent: "
+                           f"{self._used + self.io_bytes} in use")
+
+    def _make_room(self, n: int, now: float) -> bool:
+        """Whether n more bytes fit after the accounting is counted anew and, if still needed, after
+        expired groups, then groups idle for evict_idle_s (least recently renewed first), then the
+        oldest records of ended groups are freed (held lock)."""
+        budget = self.limits.max_bytes
+
+        def fits() -> bool:
+            return self._used + self.io_bytes + n <= budget
+
+        if self._since_recount and now - self._recounted >= RECOUNT_MIN_S:  # (else it is exact, or was just counted)
+            self._recount_locked()
+        if fits():
+            return True
+        self._reap_locked(now)
+        if fits():
+            return True
+        idle = sorted((g.expires_at - g.ttl, gid) for gid, g in self._groups.items()
+                      if now - (g.expires_at - g.ttl) >= self.limits.evict_idle_s)
+        ended = sum(ENDED_BYTES + len(gid) for gid in self._ended)
+        if self._used + self.io_bytes + n - sum(self._groups[gid].nbytes() for _, gid in idle) - ended > budget:
+            return False  # (evicting all of them would not make room: evict none)
+        for _, gid in idle:
+            if fits():
+                break
+            log.info("evicting idle group %r for room (memory budget)", gid)
+            self._drop(gid)
+            self.evicted_total += 1
+        while not fits() and self._ended:
+            gid, _ = self._ended.popitem(last=False)
+            self._used -= ENDED_BYTES + len(gid)
+        return fits()
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -333,7 +533,11 @@ class GroupStore:
                     self._reap_locked(now)
                 if len(self._groups) >= self.limits.max_groups:
                     raise TooLarge(f"server holds the maximum of {self.limits.max_groups} groups")
-                g = GroupState(group_id, SuffixTree(self.max_depth, log=True, lazy=self.lazy_trees), ttl_seconds, now + ttl_seconds)
+                self._admit(GROUP_BYTES + len(group_id), now)
+                g = GroupState(group_id, SuffixTree(self.max_depth, log=True, lazy=self.lazy_trees), ttl_seconds,
+                               now + ttl_seconds, charge=self._charge)
+                self._built += not g.tree.deferred
+                self._used += g.nbytes()
                 self._groups[group_id] = g
                 self._cores[group_id] = g.tree.core
                 self._fast[group_id] = (g, g.tree.core, g.request_index, g.pending, g.request_ids)
@@ -360,22 +564,35 @@ class GroupStore:
             self._cores.clear()
             self._fast.clear()
             self._epoch += 1
+            self._recount_locked()
 
     def _drop(self, group_id: str) -> None:
         """Forget a group that finished or expired (remembered as ended)."""
-        del self._groups[group_id]
+        g = self._groups.pop(group_id)
+        self._used -= g.nbytes()
+        self._built -= not g.tree.deferred
+        g.charge = None
         self._cores.pop(group_id, None)
         self._fast.pop(group_id, None)
         self._epoch += 1
+        if group_id not in self._ended:
+            self._used += ENDED_BYTES + len(group_id)
         self._ended[group_id] = None
         self._ended.move_to_end(group_id)
         while len(self._ended) > self._max_ended:
-            self._ended.popitem(last=False)
+            gid, _ = self._ended.popitem(last=False)
+            self._used -= ENDED_BYTES + len(gid)
 
     def reap(self) -> int:
-        """Free every expired group; returns how many."""
+        """Free every expired group; returns how many. Also counts the memory accounting anew
+        once what was charged as upper bounds since the last count reaches 1/16 of the budget (an
+        O(groups) count, so not on a clock: the budget's own check counts anew when it must)."""
         with self._lock:
-            return self._reap_locked(self.clock())
+            now = self.clock()
+            n = self._reap_locked(now)
+            if self._since_recount * 16 > self.limits.max_bytes:
+                self._recount_locked()
+            return n
 
     def _reap_locked(self, now: float) -> int:
         dead = [gid for gid, g in self._groups.items() if g.expires_at <= now]
@@ -419,17 +636,20 @@ class GroupStore:
         with self._lock:
             now = self.clock()
             groups = self._require([u.group_id for u in updates], now)
+            self._admit(_check_appends([(g, u.request_id, u.prev_token_count, len(u.tokens))
+                                        for g, u in zip(groups, updates)], lim), now)
             out = []
             for g, u in zip(groups, updates):
                 g.expires_at = now + g.ttl
                 out.append(UpdateOutcome(*g.apply(u.request_id, u.prev_token_count, list(u.tokens), lim)))
             return out
 
-    def sync(self, b: SyncBatch) -> SyncResult:
+    def sync(self, b: SyncBatch, admitted: bool = False) -> SyncResult:
         """One packed message: its fetches (as ``fetch``, from before its own appends, which its
         sender has), then its appends (as ``update``). Groups that are not registered are answered
-        in ``unknown`` (and ``ended``) instead of failing the call; everything else is checked
-        before anything changes, so a malformed message applies nothing."""
+        in ``unknown`` (and ``ended``) instead of failing the call; everything else (the limits and
+        the memory budget included) is checked before anything changes, so a message that fails
+        applies nothing. ``admitted``: sync_raw charged its bytes already."""
         lim = self.limits
         n = len(b.request_ids)
         ng = len(b.group_ids)
@@ -468,6 +688,10 @@ class GroupStore:
                 nxt, nseg, nnew, more, segs, toks = log_fetch(fetched, b.fetch_cursor, b.fetch_known, budget)
             except ValueError as e:
                 raise Malformed(str(e)) from None
+            grow = _check_appends([(groups[gi], rid, prev, m) for gi, rid, prev, m in
+                                   zip(b.append_group, b.request_ids, b.append_prev, b.append_len)], lim)
+            if not admitted:
+                self._admit(grow, now)
             res = SyncResult(bytearray(n), [0] * n, nxt, nseg, nnew, [], segs, toks, more)
             if any(nnew):
                 for k in [k for k, m in enumerate(nnew) if m]:
@@ -505,9 +729,16 @@ class GroupStore:
         if sync_packed is None:
             return None
         with self._lock:
+            now = self.clock()
+            # charged up front, as an upper bound (what its tokens and segments can add; requests it
+            # makes are charged as they are made, so the budget may be passed by one message's)
+            charge = len(raw) * (RAW_BYTE_COST_BUILT if self._built else RAW_BYTE_COST)
+            self._admit(charge, now)
+            self._used += charge
+            self._since_recount += charge
             if cache is None:
-                return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits)
-            return sync_packed(raw, self._groups, self._fast, self._ended, self.clock(), self.limits, cache, self._epoch)
+                return sync_packed(raw, self._groups, self._fast, self._ended, now, self.limits)
+            return sync_packed(raw, self._groups, self._fast, self._ended, now, self.limits, cache, self._epoch)
 
     def fetch(self, cursors: Sequence[tuple[str, int]], max_tokens: int = 0) -> list[GroupDelta]:
         """fetch_cst: for each (group, log offset) the segments the caller lacks."""
@@ -541,6 +772,12 @@ class GroupStore:
             groups = self._require(group_ids, self.clock())
             out = []
             for g, rid, ctx, p in zip(groups, request_ids, contexts, params):
+                if g.tree.deferred:  # this draft builds the tree: room for it first
+                    self._admit(g.tree.num_tokens * (BUILT_TOKEN_BYTES + 2 * NODE_BYTES), self.clock())
+                    before = g.nbytes()
+                    g.tree.core.materialize()
+                    self._built += 1
+                    self._used += g.nbytes() - before
                 tail = list(ctx[-min(len(ctx), p.pattern_lookup_max):])
                 paths, match_len = draft(g.tree, tail, p)
                 out.append(Draft(rid, tuple(paths), match_len))
@@ -559,6 +796,8 @@ class GroupStore:
                 "trees_built": sum(not g.tree.deferred for g in groups),
                 "log_segments": sum(g.tree.log_size for g in groups),
                 "expired_total": self.expired_total,
+                "evicted_total": self.evicted_total,
+                "used_bytes": self._used + self.io_bytes,
             }
 
     def sequence_length(self, group_id: str, request_id: str) -> int:

@@ -30,21 +30,15 @@ from seer.dgds.server.group_store import (DgdsError, GroupStore, Limits, Malform
                                           Update)
 from seer.dgds.server.lane import LaneProtocol
 from seer.dgds.server.metrics import RpcMetrics
-from seer.dgds.server.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2 as pb
 from seer.dgds.types import DraftParams
+from seer.dgds.wire import AUTH_KEY, ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "seer.dgds.v1.DraftServer"
-UNKNOWN_GROUP_KEY = "seer-dgds-unknown-group"
-ENDED_GROUP_KEY = "seer-dgds-ended-group"  # subset of the unknown ones: finished or expired
-AUTH_KEY = "authorization"  # metadata key; value "Bearer <token>"
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
-# Rough memory per tree node and per stored token, sized for the pure-Python tree's objects; the
-# compiled core's nodes are 56-byte structs, so for it the node share is an upper bound.
 MAX_GROUPS_PER_REGISTER = 4096
-NODE_BYTES = 150
-TOKEN_BYTES = 40
 
 
 def _serialize(message) -> bytes:
@@ -54,11 +48,6 @@ def _serialize(message) -> bytes:
 def _serialize_any(message) -> bytes:
     """Sync answers come serialized already from the compiled core (GroupStore.sync_raw)."""
     return message if type(message) is bytes else message.SerializeToString()
-
-
-def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata that carries ``token`` (none without one)."""
-    return ((AUTH_KEY, f"Bearer {token}"),) if token else ()
 
 
 def params_from_pb(p: pb.DraftParams) -> DraftParams:
@@ -266,7 +255,7 @@ class DraftServicer:
             requests=s["requests"],
             tokens=s["tokens"],
             nodes=s["nodes"],
-            approx_bytes=s["nodes"] * NODE_BYTES + s["tokens"] * TOKEN_BYTES,
+            approx_bytes=s["used_bytes"],  # the memory budget's accounting (Limits.max_bytes)
             expired_groups_total=s["expired_total"],
             uptime_s=time.monotonic() - self.metrics.started,
             rpcs=[
@@ -367,9 +356,10 @@ class DgdsServer:
         except RuntimeError:
             return 0
         if sync_lane and bound:  # on the same address, a port of its own
+            store, limits = self.store, self.store.limits
             self._lane = await asyncio.get_running_loop().create_server(
                 lambda: LaneProtocol(servicer._sync_raw, self.metrics.observe, _status_of, token, max_message_bytes,
-                                     self._lane_conns),
+                                     self._lane_conns, limits.max_lane_connections, store.reserve_io, store.release_io),
                 host, 0)
             servicer.lane_port = self.lane_port = self._lane.sockets[0].getsockname()[1]
         return bound
@@ -385,11 +375,16 @@ class DgdsServer:
         self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
 
     async def _reap_loop(self) -> None:
+        idle_s = self.store.limits.lane_idle_s
         while True:
             await asyncio.sleep(self._reap_interval_s)
             n = self.store.reap()
             if n:
                 log.info("freed %d expired group(s)", n)
+            now = time.monotonic()
+            for conn in [c for c in self._lane_conns if c.idle_for(now) >= idle_s]:
+                log.info("closing a sync-lane connection idle for %.0f s in the middle of a frame", idle_s)
+                conn.close()
 
     def stop(self, grace: float = 5.0) -> None:
         if self._stopped:
@@ -407,8 +402,8 @@ class DgdsServer:
         await self._server.stop(grace)
         if self._lane is not None:  # (after the gRPC calls' grace: a lane message is answered at once)
             self._lane.close()
-            for t in list(self._lane_conns):
-                t.close()
+            for conn in list(self._lane_conns):
+                conn.close()
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

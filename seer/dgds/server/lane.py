@@ -8,7 +8,7 @@ switches, Cython and Python frames), several times the compiled core's own time 
 per message in the server's event loop thread. Everything else (registration, finish, metrics,
 server-side drafts, and clients that do not know the lane) stays on gRPC; a client learns the lane's
 port from `RegisterGroupResponse.sync_lane_port` and falls back to the gRPC stream when it cannot
-use it.
+use it. The client's end is seer/dgds/client/lane.py; the framing both share is in seer/dgds/wire.py.
 
 Framing, both ways: a little-endian uint32 length, then that many bytes. A client's first frame is
 the hello: `HELLO` followed by the run's secret (nothing after it if the server has none); the
@@ -16,6 +16,12 @@ server answers one status frame and, if the secret is wrong, closes. After it, e
 one serialized SyncRequest and each server frame one status byte (0: OK, else a grpc.StatusCode
 value) followed by the serialized SyncResponse, or by the error's UTF-8 text, after which the
 server closes the connection (as an aborted stream).
+
+Bounds (Limits): at most ``max_lane_connections`` open connections (one more is answered
+RESOURCE_EXHAUSTED and closed); a frame that does not arrive whole in one read is held against the
+store's memory budget for its declared length until it is complete (RESOURCE_EXHAUSTED if the
+budget has no room), and a connection that sends nothing for ``lane_idle_s`` in the middle of a
+frame is closed (``LaneProtocol.idle_for``, checked by the server's reaper).
 """
 
 from __future__ import annotations
@@ -24,47 +30,54 @@ import asyncio
 import hmac
 import logging
 import socket
-import struct
 import time
 
 import grpc
 
 from seer.dgds.server.group_store import DgdsError
+from seer.dgds.wire import HELLO, LEN, OK, frame
 
 log = logging.getLogger(__name__)
 
-HELLO = b"seer-dgds-lane/1 "
 MAX_HELLO_BYTES = 4096
 HELLO_TIMEOUT_S = 10.0
-_LEN = struct.Struct("<I")
-OK = 0
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-def frame(payload: bytes, status: int | None = None) -> bytes:
-    """One frame: the length, the status byte (server frames after the hello) and the payload."""
-    head = b"" if status is None else bytes((status,))
-    return _LEN.pack(len(head) + len(payload)) + head + payload
 
 
 class LaneProtocol(asyncio.Protocol):
     """One client connection on the server's event loop: the hello, then `sync(raw) -> bytes`
     per frame. ``sync`` raises DgdsError for what the gRPC stream would abort with."""
 
-    def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set):
+    def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set,
+                 max_connections: int = 1024, reserve=None, release=None):
         self._sync, self._observe, self._status_of = sync, observe, status_of
-        self._open = open_set  # the server's open connections, closed when it stops
+        self._open = open_set  # the server's open connections (LaneProtocols), closed when it stops
         self._hello = HELLO + (token or "").encode()
         self._max = max_message_bytes
+        self._max_connections = max_connections
+        self._reserve, self._release = reserve, release  # the store's budget for partial frames (bytes)
+        self._held = 0  # bytes reserved for the partial frame in _buf
+        self.last_read = time.monotonic()  # the last bytes received (the reaper's idle check)
         self._buf = bytearray()
         self._cache = [None]  # this connection's group lookup (GroupStore.sync_raw)
         self._authed = False
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
+    def idle_for(self, now: float) -> float:
+        """Seconds this connection has sat in the middle of a frame (0 between frames)."""
+        return now - self.last_read if self._buf else 0.0
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._open.add(transport)
+        if len(self._open) >= self._max_connections:
+            self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the sync lane holds its maximum of "
+                                                           f"{self._max_connections} connections")
+            return
+        self._open.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -77,9 +90,22 @@ class LaneProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self._transport is not None:
-            self._open.discard(self._transport)
+        self._open.discard(self)
         self._transport = None
+        self._hold(0)
+        self._buf = bytearray()
+
+    def _hold(self, n: int) -> bool:
+        """Hold n bytes of the budget for the partial frame (instead of what was held)."""
+        if self._release is None or n == self._held:
+            return True
+        if self._held:
+            self._release(self._held)
+            self._held = 0
+        if n and not self._reserve(n):
+            return False
+        self._held = n
+        return True
 
     def pause_writing(self) -> None:  # a client that does not read its answers: stop reading it
         if self._transport is not None:
@@ -94,12 +120,13 @@ class LaneProtocol(asyncio.Protocol):
         if t is not None:
             t.write(frame(message.encode(), code.value[0]))
             t.close()
-            self._open.discard(t)
+            self._open.discard(self)
             self._transport = None
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
         if self._authed and not self._buf and len(data) >= 4:  # the usual case: one whole frame
-            (n,) = _LEN.unpack_from(data)
+            (n,) = LEN.unpack_from(data)
             if len(data) == 4 + n and n <= self._max:
                 with memoryview(data) as view:
                     self._answer(view[4:])
@@ -107,15 +134,19 @@ class LaneProtocol(asyncio.Protocol):
         buf = self._buf
         buf += data
         while self._transport is not None and len(buf) >= 4:
-            (n,) = _LEN.unpack_from(buf)
+            (n,) = LEN.unpack_from(buf)
             limit = self._max if self._authed else MAX_HELLO_BYTES
             if n > limit:
                 self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"frame of {n} bytes over the limit of {limit}")
                 return
             if len(buf) < 4 + n:
+                if not self._hold(4 + n):
+                    self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"a frame of {n} bytes: the server's memory budget has no room for it")
                 return
             payload = bytes(buf[4 : 4 + n])
             del buf[: 4 + n]
+            self._hold(0)
             if self._authed:
                 self._answer(payload)
             elif hmac.compare_digest(payload, self._hello):
@@ -135,79 +166,3 @@ class LaneProtocol(asyncio.Protocol):
             return
         self._observe("SyncLane", time.perf_counter() - t0, True)
         self._transport.write(frame(out if type(out) is bytes else out.SerializeToString(), OK))
-
-
-class LaneError(grpc.RpcError):
-    """A lane failure, shaped as the gRPC errors DraftClient already handles."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self):
-        return ()
-
-
-class LaneClient:
-    """A blocking client connection (DraftClient's background thread): ``exchange`` sends one
-    serialized SyncRequest and returns the serialized SyncResponse; LaneError on any failure,
-    after which the connection is closed."""
-
-    def __init__(self, host: str, port: int, token: str | None, timeout_s: float, max_message_bytes: int):
-        self._max = max_message_bytes
-        try:
-            self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as e:
-            raise LaneError(grpc.StatusCode.UNAVAILABLE, f"sync lane {host}:{port}: {e}") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._io(lambda: self._sock.sendall(frame(HELLO + (token or "").encode())), timeout_s)
-        self._read_status(timeout_s)
-
-    def _io(self, fn, timeout_s: float):
-        try:
-            self._sock.settimeout(timeout_s)
-            return fn()
-        except socket.timeout:
-            self.close()
-            raise LaneError(grpc.StatusCode.DEADLINE_EXCEEDED, "sync lane: no answer in time") from None
-        except OSError as e:
-            self.close()
-            raise LaneError(grpc.StatusCode.UNAVAILABLE, f"sync lane: {e}") from None
-
-    def _recv_exactly(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = self._sock.recv(min(n - len(out), 1 << 20))
-            if not chunk:
-                raise ConnectionResetError("the server closed the sync lane")
-            out += chunk
-        return bytes(out)
-
-    def _read_status(self, timeout_s: float) -> bytes:
-        def read() -> bytes:
-            (n,) = _LEN.unpack(self._recv_exactly(4))
-            if n < 1 or n > self._max + 1:
-                raise ConnectionResetError(f"sync lane: a frame of {n} bytes")
-            return self._recv_exactly(n)
-
-        data = self._io(read, timeout_s)
-        if data[0] != OK:
-            self.close()
-            raise LaneError(_CODES.get(data[0], grpc.StatusCode.UNKNOWN), data[1:].decode(errors="replace"))
-        return data[1:]
-
-    def exchange(self, raw: bytes, timeout_s: float) -> bytes:
-        self._io(lambda: self._sock.sendall(frame(raw)), timeout_s)
-        return self._read_status(timeout_s)
-
-    def close(self) -> None:
-        try:
-            self._sock.close()
-        except OSError:
-            pass

@@ -50,9 +50,9 @@ def wait_serving(address: str, timeout_s: float) -> bool:
 
 def check_token(address: str, token: str | None) -> None:
     """Raise DGDSStartError if the server refuses ``token`` (one GetMetrics call)."""
-    from seer.dgds.server.grpc_server import auth_metadata
-    from seer.dgds.server.proto import dgds_pb2 as pb
-    from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
+    from seer.dgds.wire import auth_metadata
+    from seer.dgds.proto import dgds_pb2 as pb
+    from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(address) as ch:
         try:

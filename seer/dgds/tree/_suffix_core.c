@@ -95,6 +95,8 @@ typedef struct {
     double ttl, expires_at; /* the draft server's lease of the group (GroupState's; renewed by sync_packed) */
     int lists_deferred; /* a lazy tree's: the sequences' Python lists stay empty until `seqs` is read */
     int64_t ntok;  /* tokens in all sequences (the root's count once the tree is built) */
+    uint64_t pmark; /* sync_packed's limit pre-pass: this message's plan of the tree (see there) */
+    int64_t pntok, pnseq, pbuf;
 } Tree;
 
 static PyObject *draft_path_type = NULL; /* seer.dgds.types.DraftPath, set by bind() */
@@ -1742,7 +1744,7 @@ static unsigned char *bytes_put(unsigned char *p, int field, const void *src, Py
 }
 
 static PyObject *s_apply, *s_max_tokens_per_group, *s_max_updates, *s_max_tokens_per_update,
-    *s_max_id_len, *s_max_fetch_tokens;
+    *s_max_id_len, *s_max_fetch_tokens, *s_max_requests;
 
 static int limit_of(PyObject *limits, PyObject *name, int64_t *out) {
     PyObject *v = PyObject_GetAttr(limits, name);
@@ -1871,10 +1873,10 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "sync_packed: states and groups must be dicts");
         return NULL;
     }
-    int64_t max_group, max_updates, max_per_update, max_id_len, max_fetch;
+    int64_t max_group, max_updates, max_per_update, max_id_len, max_fetch, max_requests;
     if (limit_of(limits, s_max_tokens_per_group, &max_group) < 0 || limit_of(limits, s_max_updates, &max_updates) < 0 ||
         limit_of(limits, s_max_tokens_per_update, &max_per_update) < 0 || limit_of(limits, s_max_id_len, &max_id_len) < 0 ||
-        limit_of(limits, s_max_fetch_tokens, &max_fetch) < 0)
+        limit_of(limits, s_max_fetch_tokens, &max_fetch) < 0 || limit_of(limits, s_max_requests, &max_requests) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -2054,7 +2056,14 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto done;
     }
     /* All simple (each continues its sequence, within its group's limit, with no batches pending,
-     * each in a tree of its own)? Then one interleaved batch; otherwise one by one, in order. */
+     * each in a tree of its own)? Then one interleaved batch; otherwise one by one, in order.
+     * Either way nothing may fail halfway (a message is applied whole or not at all), so the same
+     * pass plans each tree's limits over the whole message, as upper bounds: its tokens (every
+     * append's length), its requests (every append of a request it lacks) and its out-of-order
+     * batches (every append past its request's length before the message). A message whose plan
+     * passes a limit, or names a group with batches pending already, or buffers more than one batch
+     * in a group, is left to GroupStore.sync (None), which simulates it exactly and refuses it
+     * whole: then no state.apply below can raise TooLarge. */
     static uint64_t epoch = 0;
     epoch++;
     int simple = 1;
@@ -2062,7 +2071,7 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         Tree *t = gtree[ag->v[k]];
         if (t != NULL) PREFETCH(t->nodes), PREFETCH(t->seqs), PREFETCH((char *)t->seqs + 64);
     }
-    for (Py_ssize_t k = 0; k < n && simple; k++) {
+    for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *e = entry[ag->v[k]];
         asid[k] = -1;
         if (e == NULL) continue;
@@ -2071,8 +2080,23 @@ static PyObject *sync_packed(PyObject *self, PyObject *const *args, Py_ssize_t n
         Tree *t = gtree[ag->v[k]];
         Py_ssize_t sid = idx ? PyLong_AsSsize_t(idx) : -1;
         if (sid == -1 && PyErr_Occurred()) goto done;
-        if (sid < 0 || sid >= t->nseqs || !PyDict_Check(pending) || PyDict_GET_SIZE(pending) || al->v[k] == 0 ||
-            (int64_t)ap->v[k] != t->seqs[sid].len || t->mark == epoch || t->ntok + (int64_t)al->v[k] > max_group)
+        int64_t m = (int64_t)al->v[k];
+        if (!PyDict_Check(pending) || PyDict_GET_SIZE(pending) || sid >= t->nseqs) {
+            fallback = 1;
+            goto done;
+        }
+        if (t->pmark != epoch) t->pmark = epoch, t->pntok = t->ntok, t->pnseq = t->nseqs, t->pbuf = 0;
+        if (m > 0) {
+            if (sid < 0) t->pnseq++;
+            if ((int64_t)ap->v[k] > (sid < 0 ? 0 : t->seqs[sid].len)) t->pbuf++;
+            t->pntok += m;
+            if (t->pnseq > max_requests || t->pbuf > 1 || t->pntok > max_group) {
+                fallback = 1;
+                goto done;
+            }
+        }
+        if (sid < 0 || m == 0 || (int64_t)ap->v[k] != t->seqs[sid].len || t->mark == epoch ||
+            t->ntok + m > max_group)
             simple = 0;
         t->mark = epoch;
         asid[k] = (int32_t)sid;
@@ -2380,7 +2404,8 @@ PyMODINIT_FUNC PyInit__suffix_core(void) {
         !(s_max_updates = PyUnicode_InternFromString("max_updates_per_call")) ||
         !(s_max_tokens_per_update = PyUnicode_InternFromString("max_tokens_per_update")) ||
         !(s_max_id_len = PyUnicode_InternFromString("max_id_len")) ||
-        !(s_max_fetch_tokens = PyUnicode_InternFromString("max_fetch_tokens")))
+        !(s_max_fetch_tokens = PyUnicode_InternFromString("max_fetch_tokens")) ||
+        !(s_max_requests = PyUnicode_InternFromString("max_requests_per_group")))
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -107,7 +107,7 @@ class DgdsProposer:
             token = secrets.token_urlsafe(32)
             self._embedded = DgdsServer("127.0.0.1", 0, token=token).start()
             address = self._embedded.address
-        from seer.dgds.server.client import DraftClient
+        from seer.dgds.client.draft_client import DraftClient
 
         self.client = DraftClient(
             address,

@@ -1,9 +1,9 @@
 """Regenerate the checked-in Python code from protos/dgds.proto.
 
-    python -m seer.dgds.server.proto.generate [out_dir]
+    python -m seer.dgds.proto.generate [out_dir]
 
 grpc_tools writes ``import dgds_pb2`` into the service module; it is rewritten to a package import so
-the generated code lives inside ``seer.dgds.server.proto``.
+the generated code lives inside ``seer.dgds.proto``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROTO = Path(__file__).resolve().parents[4] / "protos" / "dgds.proto"
+PROTO = Path(__file__).resolve().parents[3] / "protos" / "dgds.proto"
 HERE = Path(__file__).resolve().parent
 FILES = ("dgds_pb2.py", "dgds_pb2.pyi", "dgds_pb2_grpc.py")
 
@@ -34,7 +34,7 @@ def generate(out_dir: Path, proto: Path = PROTO) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in FILES:
             text = (Path(tmp) / name).read_text()
-            text = text.replace("import dgds_pb2 as", "from seer.dgds.server.proto import dgds_pb2 as")
+            text = text.replace("import dgds_pb2 as", "from seer.dgds.proto import dgds_pb2 as")
             (out_dir / name).write_text(text)
 
 

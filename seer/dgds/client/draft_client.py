@@ -41,15 +41,13 @@ from typing import Iterable, Sequence
 
 import grpc
 
+from seer.dgds.client.lane import LaneClient, LaneError
+from seer.dgds.client.replica import GroupReplica, ReplicaGap
+from seer.dgds.proto import dgds_pb2 as pb
+from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 from seer.dgds.tree.drafting import draft
-from seer.dgds.server.group_store import pack_u32, u32, unpack_u32
-from seer.dgds.server.proto import dgds_pb2 as pb
-from seer.dgds.server.proto import dgds_pb2_grpc as pb_grpc
-from seer.dgds.server.replica import GroupReplica, ReplicaGap
-from seer.dgds.server.config import TOKEN_ENV
-from seer.dgds.server.grpc_server import ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY, auth_metadata
-from seer.dgds.server.lane import LaneClient, LaneError
 from seer.dgds.types import Draft, SpeculateRow
+from seer.dgds.wire import ENDED_GROUP_KEY, TOKEN_ENV, UNKNOWN_GROUP_KEY, auth_metadata, pack_u32, u32, unpack_u32
 
 log = logging.getLogger(__name__)
 

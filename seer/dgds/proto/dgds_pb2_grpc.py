@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from seer.dgds.server.proto import dgds_pb2 as dgds__pb2
+from seer.dgds.proto import dgds_pb2 as dgds__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -1,0 +1,1 @@
+"""Generated gRPC code for protos/dgds.proto (regenerate: python -m seer.dgds.proto.generate)."""

@@ -1,1 +1,0 @@
-"""Generated gRPC code for protos/dgds.proto (regenerate: python -m seer.dgds.server.proto.generate)."""
