@@ -137,7 +137,6 @@ def test_a_run_places_an_instance_and_a_store_on_each_node(ray_two_nodes, tiny_m
     trained = [r for r in recs if r.get("logprob_mismatch_mean") is not None]
     assert trained and all(r["logprob_mismatch_mean"] < 1e-4 for r in trained), [
         (r.get("logprob_mismatch_mean"), r.get("logprob_mismatch_max")) for r in recs]
-    (tmp_path.parent / "two_nodes_metrics.json").write_text(json.dumps(recs))
 
 
 def test_a_node_lost_mid_rollout_costs_no_sample_and_leaves_no_process(ray_two_nodes, tiny_model, tmp_path):
@@ -258,8 +257,3 @@ def test_a_run_trains_with_two_data_parallel_ranks_on_two_nodes(ray_two_nodes, t
     trace = json.loads((run_dir / "rollouts" / "iter_0001.trace.json").read_text())
     threads = {ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "thread_name"}
     assert {f"rank {k} on {ip}" for k, ip in ranks.items()} <= threads, threads  # a timeline track per rank
-    one_rank = tmp_path.parent / "two_nodes_metrics.json"  # the one-rank run of the first test, when it ran
-    if one_rank.exists():
-        base = json.loads(one_rank.read_text())
-        # iteration 0 rolls out the same base weights: the same reward within sampling noise
-        assert abs(recs[0]["reward_mean"] - base[0]["reward_mean"]) < 0.25, (recs[0]["reward_mean"], base[0])
