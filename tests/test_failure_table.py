@@ -123,3 +123,12 @@ def test_every_recorded_failure_file_is_cited():
     recorded = {p.stem for p in FAILURES.glob("*.json")}
     assert recorded <= set(RECORDS), f"recorded by no test: {sorted(recorded - set(RECORDS))}"
     assert recorded <= cited, f"recorded but not quoted: {sorted(recorded - cited)}"
+
+
+def test_bench_failures_runs_every_test_that_records():
+    """`python -m bench.failures` without arguments re-records every file RECORDS names."""
+    from bench.failures import TESTS
+
+    for name, spec in RECORDS.items():
+        path, node = spec.test.split("::", 1)
+        assert any(t in (path, f"{path}::{node.split('[')[0]}", spec.test) for t in TESTS), (name, spec.test)

@@ -1,8 +1,9 @@
 """The driver's two non-instance faults on real vLLM instances (the session's two-instance pool):
 a request whose chunk keeps failing fails the rollout, and a cancelled rollout stops; in both
 cases the chunks still running are aborted on the instances, which go idle within the bound
-(tests/failure_record.py's RECORDS) and generate far less than the chunks asked for. tests/scheduler/test_driver.py checks the same
-bookkeeping on the in-process fake; README.md's "Failure behaviour" cites both.
+(tests/failure_record.py's RECORDS) and generate far less than the chunks asked for.
+tests/scheduler/test_driver.py checks the same bookkeeping on the in-process fake; README.md's
+"Failure behaviour" cites both.
 
 The chunks are long (LONG tokens, EOS ignored), so an instance that was not told to stop would
 keep generating for many seconds: its generation-token counter shows whether the abort reached it.
@@ -61,9 +62,10 @@ async def _idle_after(clients, t0: float, within: Bound) -> float:
     """Seconds from `t0` until no instance runs or queues a request (fails past `within`)."""
     while True:
         busy, _ = await _counters(clients)
+        took = time.monotonic() - t0
+        within.check(took, what=f"after the stop: {busy} requests on the instances")
         if busy == 0:
-            return time.monotonic() - t0
-        within.check(time.monotonic() - t0, what=f"after the stop: {busy} requests still on the instances")
+            return took
         await asyncio.sleep(0.05)
 
 
