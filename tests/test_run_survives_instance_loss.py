@@ -54,7 +54,7 @@ def _running(guard: int) -> int:
 @pytest.mark.parametrize("phase", ["rollout", "training"])
 def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     """`rollout`: killed while it runs iteration 1's first chunks (they move); `training`: killed once
-    iteration 1's samples are saved, so the weight update finds it dead."""
+    iteration 1's samples are saved (the job frozen meanwhile), so the weight update finds it dead."""
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 128, "kvpool.enabled": "false", "trainer.lr": 1e-4}
@@ -66,14 +66,16 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
         job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             metrics = run_dir / "metrics.jsonl"
-            # iteration 0's checkpoint is the last thing written before iteration 1's rollout
-            marker = (run_dir / "checkpoints" / "iter_0000" / "loop_state.json" if phase == "rollout"
-                      else run_dir / "rollouts" / "iter_0001.jsonl")
             deadline = time.monotonic() + 600
-            while not (marker.exists() and marker.read_text().strip()):
-                assert job.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+
+            def wait_for(marker: Path, poll_s: float) -> None:
+                while not (marker.exists() and marker.read_text().strip()):
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline
+                    time.sleep(poll_s)
+
+            # iteration 0's checkpoint is the last thing written before iteration 1's rollout
+            wait_for(run_dir / "checkpoints" / "iter_0000" / "loop_state.json", 0.1)
             guards = _vllm_guards(job.pid)
             assert len(guards) == 2
             if phase == "rollout":  # nothing is generated between the checkpoint and the rollout
@@ -81,9 +83,17 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                     assert job.poll() is None, log.read_text()[-3000:]
                     assert time.monotonic() < deadline, "iteration 1's rollout never reached the instance"
                     time.sleep(0.02)
-            killed_at = time.monotonic()
-            for server in server_groups(guards[-1]):  # the vLLM server leads its own process group
-                os.killpg(server, signal.SIGKILL)
+            else:  # iteration 1's samples are saved just before its training: the driver is frozen
+                # there while the instance is killed (training and the update take a fraction of a
+                # second, less than finding and killing the server may take on a loaded machine)
+                wait_for(run_dir / "rollouts" / "iter_0001.jsonl", 0.01)
+                os.kill(job.pid, signal.SIGSTOP)
+            try:
+                killed_at = time.monotonic()
+                for server in server_groups(guards[-1]):  # the vLLM server leads its own process group
+                    os.killpg(server, signal.SIGKILL)
+            finally:
+                os.kill(job.pid, signal.SIGCONT)
             assert job.wait(timeout=600) == 0, log.read_text()[-3000:]
         finally:
             if job.poll() is None:
