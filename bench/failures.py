@@ -3,9 +3,10 @@
     flock /tmp/seer-vllm.lock env LD_PRELOAD=.venv/lib/libiomp5.so python -m bench.failures [TEST ...]
 
 Runs the failure tests (real vLLM, Mooncake and DGDS processes) with SEER_RECORD=1: each asserts
-its recovery bound and then writes what it measured, with the bound, to
-bench/results/failures/<name>.json (tests/failure_record.py). Without arguments, every test below;
-with arguments, those pytest node ids only (to re-record one). A test that fails writes nothing.
+its recovery bound (stated once, in tests/failure_record.py's RECORDS) and then writes what it
+measured, with the bound, to bench/results/failures/<name>.json. Without arguments, every test
+below; with arguments, those pytest node ids (or pytest options) only, to re-record one. A test
+that fails writes nothing.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def test_rollout_only_iteration_writes_metrics(vllm_pool, tmp_path):
     assert {i["name"] for i in rec["instances"]} == set(vllm_pool.names)
     for inst in rec["instances"]:
         assert inst["busy_s"] > 0 and inst["busy_s"] + inst["idle_s"] == pytest.approx(rec["wall_s"], rel=1e-3, abs=1e-3)
-    assert rec["preemptions"] >= 0 and rec["reward_mean"] is not None
+    assert rec["preemptions"] == sum(i["preemptions"] for i in rec["instances"])  # the instances' vLLM counters
+    assert rec["reward_mean"] is not None
     samples = [json.loads(x) for x in (run_dir / "rollouts" / "iter_0000.jsonl").read_text().splitlines()]
     assert len(samples) == 16
     # group-level dispatch: every sample of a group ran on one instance
@@ -83,7 +84,7 @@ def test_rollout_only_iteration_writes_metrics(vllm_pool, tmp_path):
         by_group.setdefault(s["group_id"], set()).update(s["instances"])
     assert all(len(v) == 1 for v in by_group.values())
     assert (run_dir / "iterations.png").stat().st_size > 1000
-    assert "iteration 0" in r.stdout or "Seer iterations" in r.stdout
+    assert "iteration 0" in r.stdout and "Seer iterations" in r.stdout  # the iteration's table, then the run's
 
 
 def test_a_run_directory_holding_a_run_is_refused_and_left_untouched(tmp_path):

@@ -1,5 +1,5 @@
 """`seer-run` reports a failed rollout (every instance down mid-rollout, a request past its retries)
-as one error line and exit 1, as README.md's "Failure behaviour" table shows (no vLLM: the loop is
+as one error line and exit 1, as docs/failures.md's table shows (no vLLM: the loop is
 replaced by one that raises what the rollout driver raises)."""
 
 import pytest

@@ -2,10 +2,11 @@
 in a rollout, in training or in a weight update, the job drops the instance, says so, and finishes
 every iteration with full batches on the survivor.
 
-README.md's bounds: killed mid-rollout, the instance is dropped within ROLLOUT_DROP_S of the kill
-(on the driver's clock, which is this machine's monotonic clock); killed during training, the
-weight update that finds it dead takes at most 2x iteration 0's plus SYNC_EXTRA_S. With
-SEER_RECORD=1 the measured times go to bench/results/failures/run_instance_loss_<phase>.json."""
+The bounds (tests/failure_record.py's RECORDS, docs/failures.md): killed
+mid-rollout, the instance is dropped within ROLLOUT_DROP of the kill (on the driver's clock, which
+is this machine's monotonic clock); killed during training, the weight update that finds it dead
+stays within SYNC_WITH_DEAD of iteration 0's. With SEER_RECORD=1 the measured times go to
+bench/results/failures/run_instance_loss_<phase>.json."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from failure_record import record
+from failure_record import bound, record
 from tests.sockets import guards, server_groups
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-ROLLOUT_DROP_S = 10.0
-SYNC_EXTRA_S = 15.0
+ROLLOUT_DROP = bound("run_instance_loss_rollout", "dropped_after_kill")
+SYNC_WITH_DEAD = bound("run_instance_loss_training", "weight_update_with_dead_instance")
 
 
 def _vllm_guards(pid: int) -> list[int]:
@@ -53,7 +54,7 @@ def _running(guard: int) -> int:
 @pytest.mark.parametrize("phase", ["rollout", "training"])
 def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     """`rollout`: killed while it runs iteration 1's first chunks (they move); `training`: killed once
-    iteration 1's samples are saved, so the weight update finds it dead."""
+    iteration 1's samples are saved (the job frozen meanwhile), so the weight update finds it dead."""
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 128, "kvpool.enabled": "false", "trainer.lr": 1e-4}
@@ -65,14 +66,16 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
         job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             metrics = run_dir / "metrics.jsonl"
-            # iteration 0's checkpoint is the last thing written before iteration 1's rollout
-            marker = (run_dir / "checkpoints" / "iter_0000" / "loop_state.json" if phase == "rollout"
-                      else run_dir / "rollouts" / "iter_0001.jsonl")
             deadline = time.monotonic() + 600
-            while not (marker.exists() and marker.read_text().strip()):
-                assert job.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+
+            def wait_for(marker: Path, poll_s: float) -> None:
+                while not (marker.exists() and marker.read_text().strip()):
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline
+                    time.sleep(poll_s)
+
+            # iteration 0's checkpoint is the last thing written before iteration 1's rollout
+            wait_for(run_dir / "checkpoints" / "iter_0000" / "loop_state.json", 0.1)
             guards = _vllm_guards(job.pid)
             assert len(guards) == 2
             if phase == "rollout":  # nothing is generated between the checkpoint and the rollout
@@ -80,9 +83,17 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                     assert job.poll() is None, log.read_text()[-3000:]
                     assert time.monotonic() < deadline, "iteration 1's rollout never reached the instance"
                     time.sleep(0.02)
-            killed_at = time.monotonic()
-            for server in server_groups(guards[-1]):  # the vLLM server leads its own process group
-                os.killpg(server, signal.SIGKILL)
+            else:  # iteration 1's samples are saved just before its training: the driver is frozen
+                # there while the instance is killed (training and the update take a fraction of a
+                # second, less than finding and killing the server may take on a loaded machine)
+                wait_for(run_dir / "rollouts" / "iter_0001.jsonl", 0.01)
+                os.kill(job.pid, signal.SIGSTOP)
+            try:
+                killed_at = time.monotonic()
+                for server in server_groups(guards[-1]):  # the vLLM server leads its own process group
+                    os.killpg(server, signal.SIGKILL)
+            finally:
+                os.kill(job.pid, signal.SIGCONT)
             assert job.wait(timeout=600) == 0, log.read_text()[-3000:]
         finally:
             if job.poll() is None:
@@ -100,16 +111,14 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     assert all(r["num_samples"] == 16 for r in recs)  # no sample lost
     assert [i["name"] for i in recs[-1]["instances"]] == [survivor]  # the last iteration ran on it alone
     assert [r["weight_version"] for r in recs] == [0, 1, 2]
-    name = f"run_instance_loss_{phase}"
-    test = f"tests/test_run_survives_instance_loss.py::test_run_drops_a_killed_instance_and_finishes[{phase}]"
     if phase == "rollout":
         [d] = recs[1]["instances_dropped"]
         assert d["instance"] == victim and d["reason"].startswith("dead")
         rollout = [json.loads(x) for x in (run_dir / "rollouts" / "iter_0001.jsonl").read_text().splitlines()]
         started = min(r["start_time"] for r in rollout)  # the first chunk's dispatch, on the driver's clock
         after_kill = started + d["t"] - killed_at
-        assert after_kill < ROLLOUT_DROP_S, (started, d, killed_at)
-        record(name, test, {"dropped_after_kill": ROLLOUT_DROP_S},
+        ROLLOUT_DROP.check(after_kill, what=(started, d, killed_at))
+        record("run_instance_loss_rollout",
                {"dropped_after_kill_s": round(after_kill, 2), "rollout_s": recs[1]["wall_s"],
                 "rollout_before_s": recs[0]["wall_s"], "rollout_after_s": recs[2]["wall_s"]},
                "seer-run --sync, 2 instances, 4 groups x 4, 128 tokens; one instance SIGKILLed once it runs "
@@ -117,9 +126,8 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     else:
         assert "instances_dropped" not in recs[1] or not recs[1]["instances_dropped"]
         sync0, sync1 = recs[0]["weight_sync_s"], recs[1]["weight_sync_s"]
-        bound = 2 * sync0 + SYNC_EXTRA_S
-        assert sync1 < bound, (sync0, sync1)
-        record(name, test, {"weight_update_with_dead_instance": round(bound, 2)},
+        SYNC_WITH_DEAD.check(sync1, base_s=sync0)
+        record("run_instance_loss_training",
                {"weight_update_with_dead_instance_s": round(sync1, 2), "weight_update_before_s": round(sync0, 2)},
                "seer-run --sync, 2 instances; one SIGKILLed once iteration 1's samples are saved (training); the "
                "weight update after it finds the instance dead, drops it and loads the others")

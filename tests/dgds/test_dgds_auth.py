@@ -130,7 +130,8 @@ def test_cli_takes_the_secret_from_env_or_file_and_refuses_to_start_without_one(
 
 
 def test_launched_server_gets_a_fresh_secret_in_its_environment_only(tmp_path: Path, monkeypatch):
-    psutil = pytest.importorskip("psutil")
+    import psutil  # a declared dependency (pyproject.toml): its absence is a failure, not a skip
+
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     cfg = DGDSConfig(enabled=True, host="127.0.0.1", ready_timeout_s=60)
     with DGDSService.start(cfg, tmp_path) as svc, DGDSService.start(cfg, tmp_path / "second") as other:

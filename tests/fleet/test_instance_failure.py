@@ -1,11 +1,13 @@
 """Fault injection on real vLLM instances: one is killed (SIGKILL) and one hangs (SIGSTOP) in the
 middle of a rollout. Every sample must still come back, shaped as in a fault-free run, with the
-lost instances named and dropped from the pool, within the bounds README.md's "Failure behaviour"
+lost instances named and dropped from the pool, within the bounds docs/failures.md
 table quotes. Then the last instance is killed too: the rollout stops with an error naming it.
 
-Bounds are generous for a loaded 2-core machine (load average 10-20 next to other vLLM jobs) and
-still an order of magnitude under what a broken detection would take; with SEER_RECORD=1 the
-measured times go to bench/results/failures/ (tests/failure_record.py).
+The bounds (tests/failure_record.py's RECORDS) are generous for a loaded 2-core machine (load
+average 10-20 next to other vLLM jobs) and still an order of magnitude under what a broken
+detection would take; with SEER_RECORD=1 the measured times go to bench/results/failures/. The
+rollout's wall time with the faults is recorded next to the fault-free one, not asserted (two
+runs on a shared machine: their ratio is the load's, not the driver's).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 
 import pytest
 
-from failure_record import record
+from failure_record import bound, record
 from tests.sockets import server_groups
 from seer.types import SamplingParams
 from seer.scheduler import RolloutDriver, SchedulerConfig
@@ -28,14 +30,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 GROUP_SIZE = 4
 MAX_TOKENS = 96
 HANG_TIMEOUT_S = 5.0
-# README.md's bounds: a killed instance is dropped within KILL_DROP_S of the kill (measured 0.67 s);
-# a stopped one within HANG_TIMEOUT_S + HANG_EXTRA_S of the stop (measured 5.21 s); the rollout with
-# both faults takes at most 3x the fault-free one (the survivor does the lost instances' share) plus
-# the hang timeout plus ROLLOUT_EXTRA_S (measured 7.6 s vs 2.6 s fault-free).
-KILL_DROP_S = 10.0
-HANG_EXTRA_S = 7.0
-ROLLOUT_EXTRA_S = 10.0
-ALL_LOST_S = 15.0  # every instance killed -> the rollout's error
+KILL_DROP = bound("instance_loss", "killed_dropped_after_kill")  # the kill -> the instance dropped
+HANG_DROP = bound("instance_loss", "hung_dropped_after_stop")  # the SIGSTOP -> dropped as hung
+ALL_LOST = bound("all_instances_lost", "error_after_kill")  # every instance killed -> the rollout's error
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +126,11 @@ def test_killed_and_hung_instances_lose_no_sample(three_instances, tiny_model):
         pool.drop(name)
     assert pool.names == ["f0"] and not dead.alive() and not hung.alive()
     when = {name: t - state["at"] for name, _, t in result.dropped}
-    assert when["f2"] < KILL_DROP_S, when
+    KILL_DROP.check(when["f2"], what=when)
     # silence counts from the last sign of life, up to a telemetry interval before the stop
-    assert HANG_TIMEOUT_S - 1.0 <= when["f1"] < HANG_TIMEOUT_S + HANG_EXTRA_S, when
-    wall_bound = 3 * reference.wall_s + HANG_TIMEOUT_S + ROLLOUT_EXTRA_S
-    assert wall < wall_bound, f"rollout {wall:.1f} s with the faults, {reference.wall_s:.1f} s without"
-    record("instance_loss", "tests/fleet/test_instance_failure.py::test_killed_and_hung_instances_lose_no_sample",
-           {"killed_dropped_after_kill": KILL_DROP_S, "hung_dropped_after_stop": HANG_TIMEOUT_S + HANG_EXTRA_S,
-            "rollout_with_faults": round(wall_bound, 2)},
+    assert HANG_TIMEOUT_S - 1.0 <= when["f1"], when
+    HANG_DROP.check(when["f1"], what=when)
+    record("instance_loss",
            {"killed_dropped_after_kill_s": round(when["f2"], 2), "hung_dropped_after_stop_s": round(when["f1"], 2),
             "rollout_with_faults_s": round(wall, 2), "rollout_fault_free_s": round(reference.wall_s, 2),
             "chunks_rerun_elsewhere": len(moved), "hang_timeout_s": HANG_TIMEOUT_S,
@@ -177,8 +171,7 @@ def test_losing_every_instance_stops_the_rollout_naming_each(three_instances, ti
     for srv in live:
         assert f"{srv.spec.name}: dead" in message, message
     took = raised_at - state["at"]
-    assert took < ALL_LOST_S, took
-    record("all_instances_lost", "tests/fleet/test_instance_failure.py::test_losing_every_instance_stops_the_rollout_naming_each",
-           {"error_after_kill": ALL_LOST_S}, {"error_after_kill_s": round(took, 2), "instances_killed": len(live),
-                                              "message": message[:300]},
+    ALL_LOST.check(took)
+    record("all_instances_lost", {"error_after_kill_s": round(took, 2), "instances_killed": len(live),
+                                  "message": message[:300]},
            "every live instance killed (SIGKILL) once 50 tokens were out")

@@ -3,21 +3,21 @@ standalone store re-mounts its segment by itself and an existing store client (w
 instance's connector holds) puts and gets again without being set up anew. Real processes, no vLLM
 (the same with vLLM inside: test_pool_integration.py's last test).
 
-README.md's bound: the store's segment is mounted again within RESTART_S of the restart's start
-(measured 1.5-1.9 s), and the existing client puts again within RECONNECT_S after that (0.2 s).
-With SEER_RECORD=1 the times go to bench/results/failures/kv_master_restart.json."""
+docs/failures.md's bounds (tests/failure_record.py's RECORDS): the store's segment is mounted again
+within REMOUNT of the restart's start, and the existing client puts again within RECONNECT after
+that. With SEER_RECORD=1 the times go to bench/results/failures/kv_master_restart.json."""
 
 from __future__ import annotations
 
 import time
 
-from failure_record import record
+from failure_record import bound, record
 from seer.kvpool import KVPool, KVPoolConfig
 from seer.kvpool.processes import segment_mounted
 
 MiB = 2**20
-RESTART_S = 15.0
-RECONNECT_S = 5.0
+REMOUNT = bound("kv_master_restart", "segment_remounted_after_restart_began")
+RECONNECT = bound("kv_master_restart", "client_put_again_after_that")
 
 
 def test_a_crashed_master_is_restarted_and_an_existing_client_reconnects(tmp_path, monkeypatch):
@@ -37,13 +37,14 @@ def test_a_crashed_master_is_restarted_and_an_existing_client_reconnects(tmp_pat
             kv.master.kill()  # a crash: no clean shutdown
             assert kv.master_alive() is False
             took = kv.ensure_master()
-            assert took is not None and took < RESTART_S and kv.master_alive(), took
+            assert took is not None and kv.master_alive(), took
+            REMOUNT.check(took)
             assert segment_mounted(ep, cfg.capacity_bytes)
             assert kv.endpoints == ep  # same address: the instances' Mooncake configs stay valid
             # the same client, not set up again: its first call may still fail while it reconnects
             t0 = time.monotonic()
             while client.put("after", value) != 0:
-                assert time.monotonic() - t0 < RECONNECT_S, "the client did not reconnect to the restarted master"
+                RECONNECT.check(time.monotonic() - t0, what="the client did not reconnect to the restarted master")
                 time.sleep(0.2)
             reconnect = time.monotonic() - t0
             assert client.get("after") == value
@@ -51,8 +52,6 @@ def test_a_crashed_master_is_restarted_and_an_existing_client_reconnects(tmp_pat
             stats = kv.master_stats()
             assert stats.keys == 1 and stats.capacity_bytes == cfg.capacity_bytes
             record("kv_master_restart",
-                   "tests/kvpool/test_master_restart.py::test_a_crashed_master_is_restarted_and_an_existing_client_reconnects",
-                   {"segment_remounted_after_restart_began": RESTART_S, "client_put_again_after_that": RECONNECT_S},
                    {"segment_remounted_after_restart_began_s": round(took, 2),
                     "client_put_again_after_that_s": round(reconnect, 2)},
                    "mooncake_master SIGKILLed, KVPool.ensure_master restarts it on its address; no vLLM")

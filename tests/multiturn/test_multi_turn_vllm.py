@@ -25,6 +25,7 @@ SCRIPT = "tests.multiturn.envs_for_tests:ScriptEnv"
 PROMPT = "Take away 1-9 at a time until nothing is left.\n" * 3 + "Take away 1-9 at a time until nothing is left.\nstart=0037\n"
 CHUNK = 8
 BLOCK = 128
+MAX_TURN = 12  # tokens of a turn (the environment's max_turn_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +69,28 @@ def greedy(vllm_pool, ids, n):
     return asyncio.run(go())
 
 
-def straddling_stop(text: str, chunk: int) -> tuple[str, int]:
-    """A 3-character stop sequence whose first occurrence begins before `chunk` and ends after it."""
-    for start in (chunk - 2, chunk - 1):
-        s = text[start:start + 3]
-        if len(s) == 3 and text.find(s) == start:
-            return s, start + 3
-    pytest.skip(f"no straddling stop sequence in {text!r}")
+def straddling_stop(text: str, chunk: int, max_end: int) -> tuple[str, int]:
+    """The shortest stop sequence whose first occurrence in `text` begins before `chunk` and ends
+    after it, by `max_end`; (it, its end). There always is one: text[:chunk + 1] occurs first at 0."""
+    for length in range(2, chunk + 2):
+        for start in range(chunk - 1, max(-1, chunk - length), -1):
+            s, end = text[start:start + length], start + length
+            if end <= min(max_end, len(text)) and text.find(s) == start:
+                return s, end
+    raise AssertionError(f"{text!r} is shorter than {chunk + 1} characters")
 
 
 def test_turns_on_divided_rollout_token_ids_mask_stop_across_chunks_and_cached_prefix(vllm_pool, tok):
     prompt_ids = list(tok(PROMPT)["input_ids"])
     assert len(prompt_ids) > BLOCK
     first = greedy(vllm_pool, prompt_ids, 24)
-    stop, end = straddling_stop(tok.decode(first), CHUNK)  # byte tokens: characters are tokens
+    text = tok.decode(first)
+    assert len(text) == len(first), text  # byte tokens: characters are tokens
+    # the stop sequence is chosen from the greedy output, so that it straddles the first chunk's end
+    stop, end = straddling_stop(text, CHUNK, max_end=MAX_TURN)
     obs = tuple(tok("=0030\n", add_special_tokens=False)["input_ids"])
     batch = rollout(vllm_pool, tok, [PromptSpec(0, PROMPT, prompt_ids, {})],
-                    EnvConfig(stop=(stop,), workers=2, max_turn_tokens=12), {"obs": obs, "turns": 2})
+                    EnvConfig(stop=(stop,), workers=2, max_turn_tokens=MAX_TURN), {"obs": obs, "turns": 2})
     assert len(batch.samples) == 2
     for s in batch.samples:
         turn1 = first[:end]  # the turn ends where the stop sequence does, though no engine saw it whole
@@ -93,7 +99,7 @@ def test_turns_on_divided_rollout_token_ids_mask_stop_across_chunks_and_cached_p
         assert s.response_ids[:len(turn1)] == turn1
         assert tuple(s.response_ids[len(turn1):len(turn1) + len(obs)]) == obs
         assert s.response_ids[len(turn1) + len(obs):] == turn2 and turn2
-        assert tok.decode(turn2).endswith(stop) or turn2[-1] == tok.eos_token_id or len(turn2) == 12
+        assert tok.decode(turn2).endswith(stop) or turn2[-1] == tok.eos_token_id or len(turn2) == MAX_TURN
         assert s.loss_mask == [1] * len(turn1) + [0] * len(obs) + [1] * len(turn2)
         assert len(s.logprobs) == sum(s.loss_mask) and s.turns == 2 and s.reward == 1.0
         chunks = [c for c in batch.chunks if c.request_id == s.request_id]

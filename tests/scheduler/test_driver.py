@@ -1,7 +1,7 @@
 """The async driver's bookkeeping against a deterministic in-process engine (no vLLM).
 
-The faults here run on real vLLM instances too, with the recovery bounds README.md's "Failure
-behaviour" table quotes: a lost or hung instance and losing every instance in
+The faults here run on real vLLM instances too, with the recovery bounds docs/failures.md
+quotes: a lost or hung instance and losing every instance in
 tests/fleet/test_instance_failure.py, retries exhausted and cancellation in
 tests/fleet/test_rollout_faults_real.py."""
 

@@ -77,25 +77,34 @@ def test_abort_policy_raises_with_the_sample():
 
 
 def test_rewards_run_off_the_event_loop():
-    """A slow reward must not stall the loop: the rollout keeps generating meanwhile."""
+    """A slow reward must not stall the loop: the rollout keeps generating meanwhile. Four rewards
+    run at once (each waits at a barrier for the other three, which in series would never come),
+    and they finish only when the loop, still turning while they block, releases them."""
+    import threading
+
+    all_running = threading.Barrier(4, timeout=60)
+    running: list[int] = []
+    release = threading.Event()
 
     def slow(text, ref):
-        time.sleep(0.3)
+        all_running.wait()
+        running.append(1)
+        if not release.wait(60):
+            raise TimeoutError("the event loop never released the rewards: it was blocked")
         return 1.0
 
     async def go():
         with RewardRunner(slow, max_workers=4) as runner:
             for i in range(4):
                 runner.submit(_sample("4", i=i))
-            t0 = time.monotonic()
-            await asyncio.sleep(0.01)
-            loop_free_after = time.monotonic() - t0
-            await runner.wait_all()
-            return loop_free_after, time.monotonic() - t0
+            deadline = time.monotonic() + 60
+            while len(running) < 4 and time.monotonic() < deadline:  # the loop turns while they block
+                await asyncio.sleep(0.01)
+            release.set()
+            return await runner.wait_all()
 
-    loop_free_after, total = asyncio.run(go())
-    assert loop_free_after < 0.2
-    assert total < 1.0  # 4 x 0.3 s in parallel, not in series
+    done = asyncio.run(go())
+    assert [(s.reward, s.reward_error) for s in done] == [(1.0, None)] * 4
 
 
 def test_timeout_marks_the_sample():
