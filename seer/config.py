@@ -54,10 +54,11 @@ class RolloutConfig:
     # request's prefill is split across steps, which long chunked contexts under load do.
     sampling_seed: int | None = None
     reward_workers: int = 2  # rewards computed at once (threads, or processes with reward_mode: process)
-    # One iteration's rollout (seer.rollout.divided.RolloutFunction); a custom rollout plugs in
-    # here by path. With task.env set (or the calculator task) the default becomes multi-turn
-    # rollout (seer.rollout.multi_turn:multi_turn_rollout).
-    function: str = "seer.rollout.divided:divided_rollout"
+    # One iteration's rollout (the contract: seer.rollout.base.RolloutFunction); a custom rollout
+    # plugs in here by path. With task.env set (or the calculator task) the default becomes
+    # multi-turn rollout (seer.rollout.multi_turn:multi_turn_rollout). Saved configs' older
+    # "seer.rollout.divided:divided_rollout" names the same function.
+    function: str = "seer.rollout.single_turn:single_turn_rollout"
     reward_error_policy: Literal["zero", "abort"] = "zero"  # a raising reward: score 0 and go on, or abort
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
     # the GIL, in as many spawned processes. A call past reward_timeout_s (None: no limit) scores

@@ -16,11 +16,11 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from seer.config import ConfigError, RunConfig
+from seer.config import ConfigError, RolloutConfig, RunConfig
 from seer.fleet import Fleet, LaunchSettings
 from seer.metrics_log import MetricsLog
 from seer.plugins import resolve
-from seer.rollout.divided import RolloutContext, RolloutFunction
+from seer.rollout.base import RolloutContext, RolloutFunction
 from seer.rundir import RunDir, atomic_write_text, resolve_run_dir
 from seer.scheduler import SchedulerConfig
 from seer.tasks import RewardRunner, Task, encode_prompts, load_task, max_context_of
@@ -240,14 +240,18 @@ class Job:
             yield on_progress
 
 
-DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
+DEFAULT_ROLLOUT = RolloutConfig.function
+# The default's path in run directories saved before it moved (seer.rollout.divided aliases it):
+# such a config still counts as "none chosen".
+OLD_DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
 MULTI_TURN_ROLLOUT = "seer.rollout.multi_turn:multi_turn_rollout"
 
 
 def rollout_function(cfg: RunConfig) -> str:
     """rollout.function, or multi-turn rollout when the task has an environment and none was chosen."""
     multi_turn = cfg.task.env is not None or (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader))
-    return MULTI_TURN_ROLLOUT if multi_turn and cfg.rollout.function == DEFAULT_ROLLOUT else cfg.rollout.function
+    chosen = cfg.rollout.function not in (DEFAULT_ROLLOUT, OLD_DEFAULT_ROLLOUT)
+    return MULTI_TURN_ROLLOUT if multi_turn and not chosen else cfg.rollout.function
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

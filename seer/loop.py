@@ -17,7 +17,7 @@ from rich.console import Console
 from seer.config import RunConfig
 from seer.job import Job
 from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
-from seer.rollout.divided import RolloutRequest
+from seer.rollout.base import RolloutRequest
 from seer.tasks import iteration_prompts
 from seer.watch.run import RunWatch
 
@@ -64,7 +64,7 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
                                                also=watch.rollout_progress) as on_progress:
         context = job.rollout_context(fleet, rewards, env, on_progress)
         batch = await job.rollout_fn(context, request)
-    fleet.absorb_rollout_drops(batch.stats.extra.get("instances_dropped", []))
+    fleet.absorb_rollout_drops(batch.dropped)
     job.write_rollouts(batch, it)
     extra = {"reward_error_total": rewards.stats.errors, "weight_version": version}
     if trainer is not None:

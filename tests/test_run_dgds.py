@@ -1,6 +1,6 @@
 """`seer-run --sync --set dgds.enabled=true` end to end: the run launches its DGDS server, its
 instances draft with the grouped proposer inside vLLM, and vLLM's own spec-decode counters show
-accepted drafts: the iteration's `acceptance_length` (seer.rollout.divided.acceptance_length, from
+accepted drafts: the iteration's `acceptance_length` (seer.rollout.stats.acceptance_length, from
 the instances' counters at the start and end of the rollout) is above 1.
 
 Greedy decoding (as tests/dgds/test_vllm_proposer.py): a group's siblings reproduce its probe, so

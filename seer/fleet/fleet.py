@@ -16,7 +16,7 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from seer.fleet.pool import InstancePool
 from seer.fleet.weight_files import KEEP_VERSIONS, manifest_json
 from seer.fleet.weights import StaleWeightsError, clear_pool, load_into, require_version, weight_version
 from seer.kvpool.config import KVPoolConfig
-from seer.types import WeightsRef
+from seer.types import InstanceDrop, WeightsRef
 
 
 LOOPBACK = "127.0.0.1"
@@ -235,10 +235,11 @@ class Fleet:
             self.drop(name, "not answering /health", when)
         return dead
 
-    def absorb_rollout_drops(self, dropped: list[dict]) -> None:
-        """Instances the scheduler dropped mid-rollout (their chunks finished elsewhere) leave too."""
+    def absorb_rollout_drops(self, dropped: Sequence[InstanceDrop]) -> None:
+        """Instances the rollout dropped mid-run (`RolloutBatch.dropped`; their chunks finished
+        elsewhere) leave the fleet too."""
         for d in dropped:
-            self.drop(d["instance"], d["reason"], f"at +{d['t']:.1f} s of the rollout")
+            self.drop(d.instance, d.reason, f"at +{d.at_s:.1f} s of the rollout")
 
     async def revive_services(self, when: str) -> float | None:
         """Restart a KV master launched here that has exited (the store and the instances reconnect

@@ -79,5 +79,5 @@ def test_the_calculator_task_selects_its_model_and_multi_turn_rollout():
     cfg = load_config(overrides=["task.name=calculator"])
     assert cfg.model.preset == "calc" and rollout_function(cfg) == MULTI_TURN_ROLLOUT
     assert load_config(overrides=["task.name=calculator", "model.preset=tiny"]).model.preset == "tiny"
-    assert rollout_function(load_config()) == "seer.rollout.divided:divided_rollout"
+    assert rollout_function(load_config()) == "seer.rollout.single_turn:single_turn_rollout"
     assert rollout_function(load_config(overrides=["task.env=" + ECHO])) == MULTI_TURN_ROLLOUT
