@@ -83,3 +83,7 @@ class LineEnv(Environment):
         if len(self.lines) >= 3 or turn.reason == "eos":
             return StepResult(done=True, reward=float(re.fullmatch(r"-\d=\d+\n", self.lines[0]) is not None))
         return StepResult(observation=Observation(token_ids=turn.token_ids))
+
+
+class NoStepEnv(Environment):
+    """Forgets to implement step: Environment.step is abstract, so task.env refuses it at load."""

@@ -73,6 +73,11 @@ def test_bad_environment_settings_name_the_key(override, key):
         load_config(overrides=[override] + (["task.env=" + ECHO] if override.startswith("task.env_args") else []))
 
 
+def test_an_environment_without_step_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"task\.env .*NoStepEnv has no step"):
+        load_config(overrides=["task.env=tests.multiturn.envs_for_tests:NoStepEnv"])
+
+
 def test_the_calculator_task_selects_its_model_and_multi_turn_rollout():
     from seer.job import MULTI_TURN_ROLLOUT, rollout_function
 

@@ -1,10 +1,12 @@
-"""The rollout contract (seer.rollout.base) and what travels with a batch: saved configs that name
-the default rollout's old path still resolve to it, and dropped instances reach the fleet and the
-iteration's record as a typed field."""
+"""Plug-in contracts: the rollout contract (seer.rollout.base) and what travels with a batch (saved
+configs that name the default rollout's old path still resolve to it; dropped instances reach the
+fleet and the iteration's record as a typed field), and the plug points seer.plugins documents."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 
 import yaml
 
@@ -12,6 +14,7 @@ from seer.config import load_config
 from seer.fleet import Fleet
 from seer.job import MULTI_TURN_ROLLOUT, rollout_function
 from seer.metrics_log import iteration_record
+import seer.plugins
 from seer.plugins import resolve
 from seer.rollout.single_turn import single_turn_rollout
 from seer.types import InstanceDrop, IterationStats, RolloutBatch
@@ -46,3 +49,14 @@ def test_dropped_instances_travel_typed_to_the_record_and_the_fleet():
         assert "inst1 dropped" in seen[0]
     finally:
         asyncio.run(fleet.aclose())
+
+
+def test_seer_plugins_lists_every_plug_point_that_resolves_a_path():
+    """Every `resolve(…, key="x.y")` in seer/ is a plug point; the module's docstring names them all."""
+    keys = set()
+    for path in Path(seer.plugins.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "resolve":
+                keys |= {k.value.value for k in node.keywords if k.arg == "key" and isinstance(k.value, ast.Constant)}
+    assert keys >= {"task.reward", "task.loader", "task.env", "scheduler.policy", "rollout.function"}
+    assert not [k for k in keys if f"`{k}`" not in seer.plugins.__doc__]
