@@ -129,7 +129,9 @@ class Job:
             group.close()
 
     # ---- run-wide pieces -------------------------------------------------------------------
-    async def start_fleet(self) -> Fleet:
+    async def start_fleet(self, ray_cluster=None) -> Fleet:
+        """The run's instances: attached (instances.urls), or launched on `ray_cluster` (the job's
+        Ray, from `cluster()`), with the KV pool and DGDS."""
         cfg = self.cfg
         def notify(msg: str) -> None:
             self.run.log(msg)
@@ -144,7 +146,7 @@ class Job:
                 cfg.instances, cfg.kvpool, cfg.dgds,
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
-                self.run.path, notify, cfg.cluster)
+                self.run.path, notify, cfg.cluster, ray=ray_cluster)
         self.console.print(f"{n} instances ready")
         self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
         return fleet
@@ -185,14 +187,12 @@ class Job:
                               decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                               encode=lambda text: list(tok(text, add_special_tokens=False)["input_ids"]))
 
-    def export_weights(self, trainer, version: int, fleet: Fleet) -> WeightsRef:
-        """The trainer's weights where the fleet's instances can load them: an HF directory in the
-        run (older exports are removed) when they share this node's filesystem, else Ray objects."""
-        if getattr(fleet, "weight_transport", "shared-fs") == "ray":
-            return trainer.publish(version)
-        out = trainer.export_hf(self.run.weights_dir(version))
-        self.run.prune_weights(version)
-        return WeightsRef(version, str(out))
+    async def push_weights(self, fleet: Fleet, trainer, version: int, *, if_stale: bool = False) -> float | None:
+        """The trainer's `version` into every live instance (seer.fleet.push chooses the transport:
+        an HF directory in the run, older exports removed, or Ray objects). Seconds, export included;
+        `if_stale`: only where some instance serves another version (None if none does)."""
+        return await fleet.weights.push_trained(trainer, version, self.run.weights_dir(version),
+                                                exported=self.run.prune_weights, if_stale=if_stale)
 
     def base_weights(self) -> WeightsRef:
         return WeightsRef(0, str(self.model_dir))
