@@ -26,6 +26,7 @@ from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, res
 from seer.tasks.env import EnvConfig, EnvSpecError, resolve_env
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.trainer.config import TrainerConfig
+from seer.types import SamplingParams
 from seer.watch.config import LoggingConfig
 
 
@@ -45,9 +46,9 @@ class ModelConfig:
 class RolloutConfig:
     groups_per_iteration: int = 16  # prompts per iteration (GRPO groups)
     group_size: int = 16  # samples per prompt (G)
-    temperature: float = 1.0  # sampling temperature of the rollout
-    top_p: float = 1.0  # nucleus sampling (1: off)
-    top_k: int = -1  # top-k sampling (-1: off)
+    temperature: float = SamplingParams.temperature  # sampling temperature of the rollout
+    top_p: float = SamplingParams.top_p  # nucleus sampling (1: off)
+    top_k: int = SamplingParams.top_k  # top-k sampling (-1: off)
     max_tokens: int = 2048  # longest response, in tokens
     # Per-request sampling seeds (derived from this, the request id and the chunk index). None on
     # CPU: vLLM 0.32's CPU runner crashes ("CPU Generator does not use offset") when a seeded

@@ -87,7 +87,7 @@ class RolloutDriver:
 
     Usage (one call per iteration; the policy is rebuilt each time, it holds per-iteration state):
 
-        driver = RolloutDriver(backends, SchedulerConfig(policy="context", chunk_size=8192))
+        driver = RolloutDriver(backends, SchedulerConfig(policy="context"))
         result = await driver.run(prompts, group_size=8, sampling=SamplingParams(max_tokens=..., seed=...),
                                   weight_version=i, request_id_prefix=f"it{i}-",
                                   on_sample_finished=reward_queue.put_nowait)
