@@ -72,7 +72,7 @@ def _literal(node: ast.AST | None):
 
 def _written_defaults(cls: type) -> dict[str, bool]:
     """Field name -> whether `cls` writes its default as a literal (rather than reading it from elsewhere)."""
-    tree = ast.parse(inspect.getsource(cls).strip() if cls.__module__ else "")
+    tree = ast.parse(inspect.getsource(cls).strip())
     return {n.target.id: _literal(n.value) is not None
             for n in tree.body[0].body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
@@ -98,7 +98,8 @@ def _defaults_in(tree: ast.AST, config_names: set[str]):
             pos = a.posonlyargs + a.args
             pairs = [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
             for arg, default in pairs:
-                yield default and default.lineno, arg.arg, _literal(default)
+                if default is not None:
+                    yield default.lineno, arg.arg, _literal(default)
         elif isinstance(node, ast.ClassDef) and node.name not in config_names:
             for st in node.body:
                 if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
