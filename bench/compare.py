@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seer.config_help import field_comments
-from seer.rollout.divided import stats_from_result
+from seer.rollout.stats import stats_from_result
 from seer.dgds.vllm import EXECUTOR_ARGS, speculative_config
 from seer.types import InstanceStats, IterationStats, PromptSpec, SamplingParams, SpecDecodeCounters
 from seer.kvpool import KVPool

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from seer import request_ids
 from seer.config_help import field_comments
-from seer.rollout.divided import stats_from_result
+from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver, SchedulerConfig
 from seer.scheduler.turns import StopMatcher
 from seer.types import PromptSpec, SamplingParams
@@ -237,7 +237,7 @@ async def calculator_samples(clients, s: MTSettings, prompts: list[PromptSpec], 
     """The model's multi-turn samples on the real calculator environment (no tool latency), by group and sample."""
     from transformers import AutoTokenizer
 
-    from seer.rollout.divided import RolloutContext, RolloutRequest
+    from seer.rollout.base import RolloutContext, RolloutRequest
     from seer.rollout.multi_turn import multi_turn_rollout
     from seer.tasks.env import EnvConfig, EnvRunner
     from seer.tasks.reward import RewardRunner

@@ -9,14 +9,14 @@ cache) and each placement (one Ray node with both instances, a core each; two si
 launched and weight versions are pushed with each transport, `--repeats` times:
 
 - shared-fs: the trainer's export writes the checkpoint directory (as the job's export does), and
-  every instance reads it (Fleet.load_weights of a local path; no checks).
+  every instance reads it (Fleet.weights.push of a local path; no checks).
 - ray: the checkpoint's files go into Ray (`ray.put` by the driver, on the first node), each node's
   host fetches them once, checks size and sha256, writes them into its own directory; every worker
-  checks them again from disk and loads them (Fleet.load_weights of a payload).
+  checks them again from disk and loads them (Fleet.weights.push of a payload).
 
 Per push: the export (writing the directory, or hashing and putting the files) and the fleet's
-`load_weights` (delivery + load + prefix-cache reset + version check), split into the delivery
-per node and the rest. GB/s per instance = checkpoint bytes / load_weights seconds (each instance
+`weights.push` (delivery + load + prefix-cache reset + version check), split into the delivery
+per node and the rest. GB/s per instance = checkpoint bytes / push seconds (each instance
 gets the whole checkpoint; the two load at once). Writes bench/results/weight_push/
 (weight_push.json, weight_push.md with the command).
 """
@@ -124,10 +124,10 @@ async def _placement(args) -> dict:
                         ref = WeightsRef(version, f"ray://{obj.hex()}", payload=obj, manifest=manifest)
                     export_s = time.monotonic() - t0
                     del files
-                    push_s = await fleet.load_weights(ref)
+                    push_s = await fleet.weights.push(ref)
                     versions = await fleet.versions()
                     assert set(versions.values()) == {version}, versions
-                    delivered = [rec for held in fleet.deliveries.values() for v, rec in held.items() if v == version]
+                    delivered = [rec for held in fleet.weights.deliveries.values() for v, rec in held.items() if v == version]
                     row = {"model": name, "placement": args.placement, "transport": transport, "repeat": rep,
                            "version": version, "bytes": size, "export_s": round(export_s, 4),
                            "push_s": round(push_s, 4), "gb_per_s_per_instance": round(size / push_s / 1e9, 3),
@@ -234,7 +234,7 @@ def markdown(r: dict) -> str:
              + (", with uncommitted changes" if r["uncommitted_changes"] else "") + ")", "",
              f"`{r['command']}` ({r['elapsed_s']:.0f} s; load average at the end {r['load_average'][0]:.1f})", "",
              "Two vLLM instances (one CPU core each) per fleet; fp32; medians of "
-             f"{r['table'][0]['pushes'] if r['table'] else 0} pushes. push = Fleet.load_weights "
+             f"{r['table'][0]['pushes'] if r['table'] else 0} pushes. push = Fleet.weights.push "
              "(delivery + load + cache reset + version check); GB/s per instance = checkpoint bytes / push s; "
              "export = writing the directory (shared-fs) or hashing and `ray.put` (ray); delivery = one node's "
              "fetch, check and write.", "",

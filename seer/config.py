@@ -27,6 +27,7 @@ from seer.tasks.env import EnvConfig, EnvSpecError, resolve_env
 from seer.tasks.reward import RewardRunner, RewardSpecError, resolve_reward_fn
 from seer.tasks.workers import BOUNDS
 from seer.trainer.config import TrainerConfig
+from seer.types import SamplingParams
 from seer.watch.config import LoggingConfig
 
 
@@ -46,19 +47,20 @@ class ModelConfig:
 class RolloutConfig:
     groups_per_iteration: int = 16  # prompts per iteration (GRPO groups)
     group_size: int = 16  # samples per prompt (G)
-    temperature: float = 1.0  # sampling temperature of the rollout
-    top_p: float = 1.0  # nucleus sampling (1: off)
-    top_k: int = -1  # top-k sampling (-1: off)
+    temperature: float = SamplingParams.temperature  # sampling temperature of the rollout
+    top_p: float = SamplingParams.top_p  # nucleus sampling (1: off)
+    top_k: int = SamplingParams.top_k  # top-k sampling (-1: off)
     max_tokens: int = 2048  # longest response, in tokens
     # Per-request sampling seeds (derived from this, the request id and the chunk index). None on
     # CPU: vLLM 0.32's CPU runner crashes ("CPU Generator does not use offset") when a seeded
     # request's prefill is split across steps, which long chunked contexts under load do.
     sampling_seed: int | None = None
     reward_workers: int = 2  # rewards computed at once (threads, or processes with reward_mode: process)
-    # One iteration's rollout (seer.rollout.divided.RolloutFunction); a custom rollout plugs in
-    # here by path. With task.env set (or the calculator task) the default becomes multi-turn
-    # rollout (seer.rollout.multi_turn:multi_turn_rollout).
-    function: str = "seer.rollout.divided:divided_rollout"
+    # One iteration's rollout (the contract: seer.rollout.base.RolloutFunction); a custom rollout
+    # plugs in here by path. With task.env set (or the calculator task) the default becomes
+    # multi-turn rollout (seer.rollout.multi_turn:multi_turn_rollout). Saved configs' older
+    # "seer.rollout.divided:divided_rollout" names the same function.
+    function: str = "seer.rollout.single_turn:single_turn_rollout"
     reward_error_policy: Literal["zero", "abort"] = "zero"  # a raising reward: score 0 and go on, or abort
     # Rewards run on threads (rollout.reward_workers at once) or, for CPU-heavy rewards that hold
     # the GIL, in as many spawned processes. A call past reward_timeout_s scores as a reward error

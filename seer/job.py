@@ -16,11 +16,11 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from seer.config import ConfigError, RunConfig
+from seer.config import ConfigError, RolloutConfig, RunConfig
 from seer.fleet import Fleet, LaunchSettings
 from seer.metrics_log import MetricsLog
 from seer.plugins import resolve
-from seer.rollout.divided import RolloutContext, RolloutFunction
+from seer.rollout.base import RolloutContext, RolloutFunction
 from seer.rundir import RunDir, atomic_write_text, resolve_run_dir
 from seer.scheduler import SchedulerConfig
 from seer.tasks import RewardRunner, Task, encode_prompts, load_task, max_context_of
@@ -129,7 +129,9 @@ class Job:
             group.close()
 
     # ---- run-wide pieces -------------------------------------------------------------------
-    async def start_fleet(self) -> Fleet:
+    async def start_fleet(self, ray_cluster=None) -> Fleet:
+        """The run's instances: attached (instances.urls), or launched on `ray_cluster` (the job's
+        Ray, from `cluster()`), with the KV pool and DGDS."""
         cfg = self.cfg
         def notify(msg: str) -> None:
             self.run.log(msg)
@@ -144,7 +146,7 @@ class Job:
                 cfg.instances, cfg.kvpool, cfg.dgds,
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
-                self.run.path, notify, cfg.cluster)
+                self.run.path, notify, cfg.cluster, ray=ray_cluster)
         self.console.print(f"{n} instances ready")
         self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
         return fleet
@@ -186,14 +188,12 @@ class Job:
                               decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                               encode=lambda text: list(tok(text, add_special_tokens=False)["input_ids"]))
 
-    def export_weights(self, trainer, version: int, fleet: Fleet) -> WeightsRef:
-        """The trainer's weights where the fleet's instances can load them: an HF directory in the
-        run (older exports are removed) when they share this node's filesystem, else Ray objects."""
-        if getattr(fleet, "weight_transport", "shared-fs") == "ray":
-            return trainer.publish(version)
-        out = trainer.export_hf(self.run.weights_dir(version))
-        self.run.prune_weights(version)
-        return WeightsRef(version, str(out))
+    async def push_weights(self, fleet: Fleet, trainer, version: int, *, if_stale: bool = False) -> float | None:
+        """The trainer's `version` into every live instance (seer.fleet.push chooses the transport:
+        an HF directory in the run, older exports removed, or Ray objects). Seconds, export included;
+        `if_stale`: only where some instance serves another version (None if none does)."""
+        return await fleet.weights.push_trained(trainer, version, self.run.weights_dir(version),
+                                                exported=self.run.prune_weights, if_stale=if_stale)
 
     def base_weights(self) -> WeightsRef:
         return WeightsRef(0, str(self.model_dir))
@@ -241,14 +241,18 @@ class Job:
             yield on_progress
 
 
-DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
+DEFAULT_ROLLOUT = RolloutConfig.function
+# The default's path in run directories saved before it moved (seer.rollout.divided aliases it):
+# such a config still counts as "none chosen".
+OLD_DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
 MULTI_TURN_ROLLOUT = "seer.rollout.multi_turn:multi_turn_rollout"
 
 
 def rollout_function(cfg: RunConfig) -> str:
     """rollout.function, or multi-turn rollout when the task has an environment and none was chosen."""
     multi_turn = cfg.task.env is not None or (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader))
-    return MULTI_TURN_ROLLOUT if multi_turn and cfg.rollout.function == DEFAULT_ROLLOUT else cfg.rollout.function
+    chosen = cfg.rollout.function not in (DEFAULT_ROLLOUT, OLD_DEFAULT_ROLLOUT)
+    return MULTI_TURN_ROLLOUT if multi_turn and not chosen else cfg.rollout.function
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

@@ -10,14 +10,13 @@ metrics log's (seer.metrics_log).
 from __future__ import annotations
 
 import asyncio
-import time
 
 from rich.console import Console
 
 from seer.config import RunConfig
 from seer.job import Job
 from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
-from seer.rollout.divided import RolloutRequest
+from seer.rollout.base import RolloutRequest
 from seer.tasks import iteration_prompts
 from seer.watch.run import RunWatch
 
@@ -42,11 +41,13 @@ async def _iterate(job: Job) -> list[dict]:
         console.print(f"nothing to do: {start} of {cfg.iterations} iterations already done")
         return records
     with RunWatch(cfg.logging, job.run.path, console, config=cfg.to_dict(), start_step=start, log=job.run.log) as watch, \
-            job.cluster(), job.trainer(ckpt) as trainer:
-        async with await job.start_fleet() as fleet:
+            job.cluster() as ray_cluster, job.trainer(ckpt) as trainer:
+        async with await job.start_fleet(ray_cluster) as fleet:
             if trainer is not None:  # serve the weights this run starts from (a checkpoint's, or the base model's)
-                await fleet.ensure_version(job.export_weights(trainer, version, fleet) if version > 0
-                                           else job.base_weights())
+                if version > 0:
+                    await job.push_weights(fleet, trainer, version, if_stale=True)
+                else:
+                    await fleet.weights.ensure(job.base_weights())
             with job.reward_runner() as rewards, job.env_runner() as env:
                 for it in range(start, cfg.iterations):
                     record, version = await _one_iteration(job, fleet, rewards, env, trainer, it, version, watch)
@@ -64,7 +65,7 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
                                                also=watch.rollout_progress) as on_progress:
         context = job.rollout_context(fleet, rewards, env, on_progress)
         batch = await job.rollout_fn(context, request)
-    fleet.absorb_rollout_drops(batch.stats.extra.get("instances_dropped", []))
+    fleet.absorb_rollout_drops(batch.dropped)
     job.write_rollouts(batch, it)
     extra = {"reward_error_total": rewards.stats.errors, "reward_pools_broken_total": rewards.stats.pools_broken,
              "weight_version": version}
@@ -74,9 +75,7 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
         version = trainer.iteration
         extra.update(tm.record(), train_ranks=tm.extra.get("ranks"))
         with watch.phase("weight push", f"loading weight version {version} into the instances"):
-            t0 = time.monotonic()
-            await fleet.load_weights(await asyncio.to_thread(job.export_weights, trainer, version, fleet))
-            extra["weight_sync_s"] = time.monotonic() - t0
+            extra["weight_sync_s"] = await job.push_weights(fleet, trainer, version)
     # The record is written before the checkpoint that commits the iteration: a kill between the
     # two leaves a record that --resume truncates, never a checkpoint whose iteration has no record.
     if nodes := fleet.nodes():  # where each instance ran: the trace's tracks name their nodes

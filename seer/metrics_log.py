@@ -49,6 +49,7 @@ def iteration_record(batch: RolloutBatch, extra: dict | None = None) -> dict:
         "truncated": sum(1 for s in batch.samples if s.finish_reason == "length"),
         "weight_versions": sorted({s.weight_version for s in batch.samples}),
         "instances": [asdict(i) | {"idle_fraction": round(i.idle_fraction, 4)} for i in st.instances],
+        "instances_dropped": [{"instance": d.instance, "reason": d.reason, "t": d.at_s} for d in batch.dropped],
     }
     rec.update({k: v for k, v in st.extra.items()})
     rec.update(extra or {})

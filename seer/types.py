@@ -153,6 +153,15 @@ class IterationStats:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class InstanceDrop:
+    """An instance a rollout dropped mid-run: it failed or hung, and its chunks finished elsewhere."""
+
+    instance: str
+    reason: str
+    at_s: float  # seconds after the rollout started
+
+
 @dataclass
 class RolloutBatch:
     """All samples of one iteration, grouped, plus the iteration's stats."""
@@ -166,6 +175,9 @@ class RolloutBatch:
     telemetry: list[Telemetry] = field(default_factory=list)
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     env_waits: list = field(default_factory=list)  # multi-turn: seer.scheduler.events.EnvWait, tool waits
+    # Instances the rollout gave up on (their chunks finished elsewhere): the loop hands them to the
+    # fleet, which drops them for good, and the iteration's record lists them.
+    dropped: list[InstanceDrop] = field(default_factory=list)
 
     def groups(self) -> dict[int, list[Sample]]:
         out: dict[int, list[Sample]] = {}

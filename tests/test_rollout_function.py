@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
-from seer.rollout.divided import RolloutContext, RolloutRequest, divided_rollout
+from seer.rollout.base import RolloutContext, RolloutRequest
+from seer.rollout.single_turn import single_turn_rollout
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 async def tagged_rollout(ctx: RolloutContext, req: RolloutRequest):
-    """Divided rollout, then marks what it returned, so the test can see the loop used its batch."""
-    batch = await divided_rollout(ctx, req)
+    """The default rollout, then marks what it returned, so the test can see the loop used its batch."""
+    batch = await single_turn_rollout(ctx, req)
     for s in batch.samples:
         s.turns = 3
     batch.stats.extra["rollout_function"] = f"tagged, {len(ctx.backends)} backends, version {req.weight_version}"

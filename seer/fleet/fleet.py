@@ -1,11 +1,11 @@
 """The fleet: everything that runs on machines for a run, and its faults.
 
 One object owns the vLLM instances, the global KV pool and the DGDS service of a run: it
-launches them (or attaches to running instances), knows which instances are alive, drops a
-lost one, restarts a lost KV master it launched, and loads a new weight version into every
-instance and checks that each one serves it. The loop only asks it for live backends and hands
-it weights; where the instances run (subprocesses here, actors on other machines) is the
-fleet's business.
+launches them (or attaches to running instances) on the run's Ray, knows which instances are
+alive, drops a lost one and restarts a lost KV master it launched. New weight versions reach the
+instances through its `weights` (seer.fleet.push), which asks it for the live instances and
+hands it the ones to drop. The loop only asks it for live backends and pushes weights; where the
+instances run (subprocesses here, actors on other machines) is the fleet's business.
 
 Every method is a coroutine of the run's one event loop, so HTTP sessions live as long as the run.
 """
@@ -15,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seer.dgds.server.config import DGDSConfig
 from seer.fleet.client import InstanceClient
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.fleet.instance import InstanceSpec
 from seer.fleet.pool import InstancePool
-from seer.fleet.weight_files import KEEP_VERSIONS, manifest_json
-from seer.fleet.weights import StaleWeightsError, clear_pool, load_into, require_version, weight_version
+from seer.fleet.push import WeightPush
+from seer.fleet.weights import StaleWeightsError, require_version, weight_version
 from seer.kvpool.config import KVPoolConfig
-from seer.types import WeightsRef
+from seer.types import InstanceDrop
+
+if TYPE_CHECKING:
+    from seer.fleet.ray_cluster import RayCluster
 
 
 LOOPBACK = "127.0.0.1"
@@ -65,21 +68,18 @@ class Fleet:
 
     def __init__(self, pool: InstancePool, kv=None, dgds=None, notify: Notify | None = None,
                  placement=None, cluster=None, cluster_cfg: ClusterConfig | None = None,
-                 driver_node: str | None = None):
+                 driver_node: str | None = None, owns_cluster: bool = False):
         self.pool = pool
         self.kv = kv
         self.dgds = dgds
         self.notify = notify or (lambda msg: None)
         self.dropped: list[Dropped] = []
         self.placement = placement  # seer.fleet.ray_hosts.Placement of launched instances
-        self.cluster = cluster  # seer.fleet.ray_cluster.RayCluster
+        self.cluster = cluster  # seer.fleet.ray_cluster.RayCluster: the run's Ray, where the instances run
         self.cluster_cfg = cluster_cfg or ClusterConfig()
         self.driver_node = driver_node  # the Ray node id of this driver
-        # Weights delivered through Ray: this fleet's folder name on every node, and per node
-        # {version: record of the delivery} (the newest KEEP_VERSIONS; a node holds nothing older).
-        self.weights_key = f"fleet-{secrets.token_hex(6)}"
-        self.deliveries: dict[str, dict[int, dict]] = {}
-        self._said_transport = False
+        self.owns_cluster = owns_cluster  # close `cluster` with the fleet (it connected to Ray itself)
+        self.weights = WeightPush(self)  # new versions into every instance (seer.fleet.push)
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -92,23 +92,28 @@ class Fleet:
         work_dir: str | Path,
         notify: Notify | None = None,
         cluster: ClusterConfig | None = None,
+        ray: RayCluster | None = None,
     ) -> Fleet:
-        """Place one Ray actor per instance (a one-node Ray started here unless `cluster` names
-        one), start the KV master and the DGDS server on this node and a KV store on every node that
-        hosts instances, then the instances (which register with both) on their nodes, and wait
-        until every instance answers; anything started is stopped if a later step fails."""
+        """Place one Ray actor per instance on `ray`, the run's Ray connection (the job's; without
+        one the fleet connects as `cluster` says, a one-node Ray started here unless it names one,
+        and closes it with itself), start the KV master and the DGDS server on this node and a KV
+        store on every node that hosts instances, then the instances (which register with both) on
+        their nodes, and wait until every instance answers; anything started is stopped if a later
+        step fails."""
         from seer.dgds.server.service import DGDSService
         from seer.fleet.ray_cluster import RayCluster
         from seer.kvpool.pool import KVPool
 
         work = Path(work_dir)
         cfg = cluster or ClusterConfig()
-        ray_cluster = RayCluster.connect(cfg, work / "logs")  # before ray is imported: it reads its auth settings then
+        owns = ray is None
+        # Before ray is imported: it reads its auth settings then.
+        ray_cluster = RayCluster.connect(cfg, work / "logs") if owns else ray
         from seer.fleet.ray_hosts import Placement, RemoteServer
-        started: list = [ray_cluster]
+        started: list = [ray_cluster] if owns else []
         try:
             say = notify or (lambda msg: None)
-            if ray_cluster.started_here:
+            if owns and ray_cluster.started_here:
                 say(f"  a one-node Ray on {ray_cluster.node_ip} in {ray_cluster.startup_s:.1f} s")
             placement = await asyncio.to_thread(Placement.create, instances.count, cfg)
             started.append(placement)
@@ -149,7 +154,7 @@ class Fleet:
             raise
         from seer.fleet.ray_hosts import driver_node_id
 
-        return cls(pool, kv, ds, notify, placement, ray_cluster, cfg, driver_node_id())
+        return cls(pool, kv, ds, notify, placement, ray_cluster, cfg, driver_node_id(), owns)
 
     @classmethod
     def attach(cls, urls: list[str], notify: Notify | None = None) -> Fleet:
@@ -176,28 +181,14 @@ class Fleet:
     def launched(self) -> bool:
         return bool(self.pool.servers)
 
-    @property
-    def weight_transport(self) -> str:
-        """How `load_weights` moves a version to the instances: "shared-fs" (they read the path of
-        the WeightsRef) or "ray" (its files travel through Ray to a directory on each node). A job
-        asks before exporting: "ray" wants a WeightsRef with a payload (the fleet puts a local
-        directory's files into Ray itself otherwise). cluster.weight_transport, where "auto" is
-        shared-fs while every live instance runs on the driver's node; attached instances: shared-fs."""
-        if not self.launched:
-            return "shared-fs"
-        if self.cluster_cfg.weight_transport != "auto":
-            return self.cluster_cfg.weight_transport
-        nodes = {s.node.node_id for s in self._live_servers()}
-        return "shared-fs" if self.driver_node is not None and nodes <= {self.driver_node} else "ray"
-
-    def _live_servers(self) -> list:
+    def live_servers(self) -> list:
         live = set(self.pool.names)
         return [s for s in self.pool.servers if s.spec.name in live]
 
     # ---- faults ---------------------------------------------------------------------------
     def nodes(self) -> dict[str, str]:
         """Each live launched instance's node address (empty for attached instances)."""
-        return {s.spec.name: s.node.ip for s in self._live_servers() if getattr(s, "node", None) is not None}
+        return {s.spec.name: s.node.ip for s in self.live_servers() if getattr(s, "node", None) is not None}
 
     def where(self, name: str) -> str | None:
         """The node of a launched instance, and whether Ray still counts it alive."""
@@ -235,10 +226,11 @@ class Fleet:
             self.drop(name, "not answering /health", when)
         return dead
 
-    def absorb_rollout_drops(self, dropped: list[dict]) -> None:
-        """Instances the scheduler dropped mid-rollout (their chunks finished elsewhere) leave too."""
+    def absorb_rollout_drops(self, dropped: Sequence[InstanceDrop]) -> None:
+        """Instances the rollout dropped mid-run (`RolloutBatch.dropped`; their chunks finished
+        elsewhere) leave the fleet too."""
         for d in dropped:
-            self.drop(d["instance"], d["reason"], f"at +{d['t']:.1f} s of the rollout")
+            self.drop(d.instance, d.reason, f"at +{d.at_s:.1f} s of the rollout")
 
     async def revive_services(self, when: str) -> float | None:
         """Restart a KV master launched here that has exited (the store and the instances reconnect
@@ -251,7 +243,7 @@ class Fleet:
                         f"{self.kv.endpoints.master_address} in {took:.1f} s; the pool starts empty")
         return took
 
-    async def _on_live(self, when: str, work: Callable[[list[InstanceClient]], Awaitable[None]]) -> None:
+    async def on_live(self, when: str, work: Callable[[list[InstanceClient]], Awaitable[None]]) -> None:
         """Run `work(live clients)`; if it fails because instances died meanwhile (they no longer
         answer /health), drop them and run it again on the others. Any other failure is raised."""
         try:
@@ -268,128 +260,11 @@ class Fleet:
         await self.drop_unhealthy("before the rollout")
         await self.revive_services("before the rollout")
         if version is not None:
-            await self._on_live("before the rollout", lambda cs: require_version(cs, version))
-
-    async def load_weights(self, ref: WeightsRef) -> float:
-        """Load `ref` into every live instance, drop their prefix caches and the pool's (KV of old
-        weights is never reused), and check each serves `ref.version`. Returns seconds.
-
-        With a payload (or weight_transport "ray") the version's files are first delivered to
-        every node that hosts instances, once per node, into that node's own directory, and each
-        instance loads from its node's copy; the node's host and every worker check the files
-        against the manifest (size, sha256) before anything is applied. An instance whose delivery
-        or load fails is retried once (re-delivered), then dropped with the reason; when every
-        instance fails the fleet cannot go on (FleetError). An instance that refused a version keeps
-        serving its old one, and one that failed mid-load reports no version (-1) until dropped."""
-        t0 = time.monotonic()
-        await self.revive_services("before the weight update")
-        await self.drop_unhealthy("before the weight update")
-        version = ref.version
-        if ref.payload is not None or self.weight_transport == "ray":
-            if not self.launched:
-                raise FleetError("a weight payload needs launched instances; attached ones load local paths only")
-            if ref.payload is None:
-                ref = await asyncio.to_thread(self._put_local, ref)
-            if not ref.manifest:
-                raise FleetError(f"weight version {version}: a payload without a manifest cannot be checked")
-            if not self._said_transport:
-                self._said_transport = True
-                where = self.cluster_cfg.weights_dir or "under each node's Ray session directory"
-                nodes = len({s.node.node_id for s in self._live_servers()})
-                self.notify(f"weights travel through Ray to a directory on each of the instances' {nodes} "
-                            f"node(s) ({where}), checked by size and sha256 before they are loaded")
-            manifest, delivered = manifest_json(ref.manifest), True
-
-            async def place(node: str | None, fresh: bool) -> str:
-                return await self._deliver(node, ref, fresh)
-        else:
-            path = ref.local_path
-            if path is None:
-                raise FleetError(f"this fleet loads weights from local paths or Ray payloads, not {ref.uri!r}")
-            manifest, delivered = (manifest_json(ref.manifest) if ref.manifest else ""), False
-
-            async def place(node: str | None, fresh: bool) -> str:
-                return path
-
-        clients = {c.name: c for c in self.backends}
-        node_of = {s.spec.name: s.node.node_id for s in self._live_servers() if getattr(s, "node", None)}
-
-        async def attempt(names: list[str], fresh: bool) -> dict[str, Exception]:
-            nodes = sorted({node_of.get(n) for n in names}, key=str)
-            dirs = dict(zip(nodes, await asyncio.gather(*(place(nd, fresh) for nd in nodes), return_exceptions=True)))
-
-            async def one(name: str) -> None:
-                where = dirs[node_of.get(name)]
-                if isinstance(where, BaseException):
-                    raise where
-                await load_into(clients[name], where, version, manifest)
-
-            results = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
-            for r in results:
-                if isinstance(r, BaseException) and not isinstance(r, Exception):
-                    raise r
-            return {n: r for n, r in zip(names, results) if isinstance(r, Exception)}
-
-        failed = await attempt(list(clients), fresh=False)
-        for name, e in failed.items():
-            self.notify(f"{name}: loading weight version {version} failed: {_why(e)}; "
-                        + ("re-delivering and retrying once" if delivered else "retrying once"))
-        still = await attempt(list(failed), fresh=True) if failed else {}
-        if still and len(still) == len(clients):
-            raise FleetError(f"weight version {version} could not be loaded into any instance: "
-                             + "; ".join(f"{n}: {_why(e)}" for n, e in still.items()))
-        for name, e in still.items():
-            self.drop(name, f"weight version {version} failed to load, twice: {_why(e)}",
-                      "during the weight update")
-
-        async def check(cs):
-            if self.kv_pool_on:
-                await clear_pool(cs[0])
-            await require_version(cs, version)
-
-        await self._on_live("during the weight update", check)
-        return time.monotonic() - t0
-
-    def _put_local(self, ref: WeightsRef) -> WeightsRef:
-        """A local checkpoint directory's files into Ray (from the driver), for nodes that cannot read it."""
-        import ray
-
-        path = ref.local_path
-        if path is None:
-            raise FleetError(f"weight version {ref.version}: no payload and no local directory ({ref.uri!r})")
-        files = {f.name: f.read_bytes() for f in sorted(Path(path).iterdir())
-                 if f.is_file() and not f.name.startswith(".")}
-        obj = ray.put(files)
-        return replace(ref, uri=f"ray://{obj.hex()}", payload=obj, manifest=WeightsRef.manifest_of(files))
-
-    async def _deliver(self, node: str, ref: WeightsRef, fresh: bool) -> str:
-        """`ref`'s files in `node`'s directory: delivered by one live instance's host on that node
-        (once per node however many instances it hosts); a version the node already holds is
-        reused unless `fresh` (its workers check it again before loading it)."""
-        held = self.deliveries.setdefault(node, {})
-        if not fresh and ref.version in held:
-            return held[ref.version]["dir"]
-        host = next(s for s in self._live_servers() if s.node.node_id == node)
-        t0 = time.monotonic()
-        rec = await asyncio.to_thread(host.deliver_weights, ref.payload, ref.version, ref.manifest,
-                                      self.cluster_cfg.weights_dir, self.weights_key)
-        rec = {**rec, "node": host.node.ip, "version": ref.version, "seconds": time.monotonic() - t0}
-        held.pop(ref.version, None)
-        held[ref.version] = rec
-        while len(held) > KEEP_VERSIONS:  # as the node keeps them: the newest deliveries
-            del held[next(iter(held))]
-        return rec["dir"]
+            await self.on_live("before the rollout", lambda cs: require_version(cs, version))
 
     async def versions(self) -> dict[str, int]:
         clients = self.backends
         return dict(zip([c.name for c in clients], await asyncio.gather(*(weight_version(c) for c in clients))))
-
-    async def ensure_version(self, ref: WeightsRef) -> float | None:
-        """Attached instances may serve another run's weights: load `ref` where they differ."""
-        found = await self.versions()
-        if all(v == ref.version for v in found.values()):
-            return None
-        return await self.load_weights(ref)
 
     # ---- shutdown -------------------------------------------------------------------------
     async def aclose(self) -> None:
@@ -397,33 +272,19 @@ class Fleet:
         self.close()
 
     def close(self) -> None:
-        """Stop what this fleet launched: instances first, then DGDS and the pool, then Ray (and the
-        weights delivered to each node)."""
-        self._remove_deliveries()
+        """Stop what this fleet launched: the weights delivered to each node, the instances, then
+        DGDS and the pool, then Ray if the fleet connected to it itself (the job's Ray is the job's)."""
+        self.weights.close()
         self.pool.close()
-        for service in (self.dgds, self.kv, self.placement, self.cluster):
+        for service in (self.dgds, self.kv, self.placement, self.cluster if self.owns_cluster else None):
             if service is not None:
                 service.close()
-
-    def _remove_deliveries(self) -> None:
-        for node in list(self.deliveries):
-            host = next((s for s in self.pool.servers if getattr(s, "node", None) is not None
-                         and s.node.node_id == node and not s.lost), None)
-            if host is not None:
-                host.remove_weights(self.cluster_cfg.weights_dir, self.weights_key)
-        self.deliveries.clear()
 
     async def __aenter__(self) -> Fleet:
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
-
-
-def _why(e: BaseException) -> str:
-    """A failure in one line, named by its type unless its message already says whose it is."""
-    text = " ".join(str(e).split())
-    return text if isinstance(e, (RuntimeError, ValueError)) and text else f"{type(e).__name__}: {text}"
 
 
 def base_spec(i: int, cfg: InstancesConfig, launch: LaunchSettings, token: str | None = None) -> InstanceSpec:

@@ -43,7 +43,7 @@ def recipe_hash(preset: ModelPreset) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def model_dir(preset: str | ModelPreset = "default", cache_dir: str | os.PathLike | None = None) -> Path:
+def model_dir(preset: str | ModelPreset, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where `preset` lives (built or not)."""
     p = get_preset(preset) if isinstance(preset, str) else preset
     root = Path(cache_dir) if cache_dir is not None else cache_root()
@@ -51,7 +51,7 @@ def model_dir(preset: str | ModelPreset = "default", cache_dir: str | os.PathLik
 
 
 def ensure_model(
-    preset: str | ModelPreset = "default", *, cache_dir: str | os.PathLike | None = None, progress: bool = True
+    preset: str | ModelPreset, *, cache_dir: str | os.PathLike | None = None, progress: bool = True
 ) -> Path:
     """Path of the built preset, building it first if the cache lacks it."""
     p = get_preset(preset) if isinstance(preset, str) else preset

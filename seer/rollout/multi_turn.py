@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from seer.rollout.divided import RolloutContext, RolloutRequest, iteration_sampling, stats_from_result
+from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
+from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.scheduler.turns import StopMatcher, TurnEnd, TurnReply
 from seer.tasks.env import EnvConfig, EnvReply, EnvStats, Turn
@@ -104,7 +105,8 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
     stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(turn_summary(result.samples, outcomes, env.stats, before))
     return RolloutBatch(samples=result.samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry,
-                        phases=[("generate", result.start_time, result.end_time)], env_waits=result.env_waits)
+                        phases=[("generate", result.start_time, result.end_time)], env_waits=result.env_waits,
+                        dropped=dropped_instances(result))
 
 
 def turn_summary(samples: list[Sample], outcomes: dict[str, _Outcome], now: EnvStats, before: EnvStats) -> dict:

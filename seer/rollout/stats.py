@@ -1,14 +1,20 @@
 """Iteration statistics: the numbers a rollout system is judged on, derived from raw events.
 
 Pure functions over finish times and per-instance busy intervals, so they are testable on
-hand-made timelines and shared by real runs, benchmarks and the simulator.
+hand-made timelines and shared by real runs, benchmarks and the simulator; `stats_from_result`
+applies them to a scheduler driver's result (every rollout function's stats).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from seer.types import InstanceStats, IterationStats
+from seer.types import InstanceStats, IterationStats, SpecDecodeCounters
+
+if TYPE_CHECKING:
+    from seer.scheduler.driver import RolloutResult
 
 
 def tail_time(finish_times: Sequence[float], tail_fraction: float = 0.1) -> float:
@@ -89,3 +95,46 @@ def iteration_stats(
         instances=instances,
         extra=dict(extra or {}),
     )
+
+
+def stats_from_result(result: RolloutResult, iteration: int, names: list[str], *,
+                      finish_times: list[float] | None = None) -> IterationStats:
+    """Per-iteration stats from the driver's raw chunk events and telemetry timeline.
+
+    `finish_times`: when each sample finished, where that is not its last chunk's end (multi-turn:
+    a trajectory ends when its environment says so)."""
+    busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    tokens: dict[str, int] = defaultdict(int)
+    for c in result.chunks:
+        busy[c.instance].append((c.dispatch_time, c.complete_time))
+        tokens[c.instance] += c.new_tokens
+    if finish_times is None:
+        finish_times = [c.complete_time for c in result.chunks if c.request_finished]
+    instances = instance_stats(names, busy, tokens, result.preemptions(), result.start_time, result.end_time)
+    kv_timeline = [
+        {"t": round(t.time - result.start_time, 3), "instance": t.instance, "kv_usage": round(t.kv_usage, 4),
+         "running": t.num_running, "waiting": t.num_waiting}
+        for t in result.telemetry
+    ]
+    extra = {
+        **result.chunk_summary(),
+        "acceptance_length": acceptance_length(result.telemetry),
+        "policy_summary": result.policy_summary,
+        "kv_timeline": kv_timeline,
+    }
+    return iteration_stats(
+        iteration, result.policy, result.start_time, result.end_time, finish_times,
+        result.output_tokens, instances, extra,
+    )
+
+
+def acceptance_length(timeline: list) -> float | None:
+    """Mean tokens per verification step (accepted drafts + the bonus token) over the run, from
+    vLLM's spec-decode counters: first and last sample of each instance. None without drafts."""
+    first: dict = {}
+    last: dict = {}
+    for t in timeline:
+        first.setdefault(t.instance, t)
+        last[t.instance] = t
+    spec = sum((last[n].spec - first[n].spec for n in last), SpecDecodeCounters())
+    return spec.mean_acceptance_length

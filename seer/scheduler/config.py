@@ -1,13 +1,20 @@
-"""The `scheduler.*` settings of a run, and the policy they build."""
+"""The `scheduler.*` settings of a run, and the policy they build.
+
+Each setting's default is written once: here, or (for the placement keys) in PlacementConfig,
+which this class reads it from. Policies, the dispatcher and the driver take theirs from
+`DEFAULTS`, so a policy built by hand and one built from a run's config agree.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seer.scheduler.placement import PlacementConfig
-from seer.scheduler.policies import LengthKey, Policy, PolicyError, check_policy, make_policy, policy_class
+
+if TYPE_CHECKING:  # the policies take their defaults from this module: imported where used
+    from seer.scheduler.policies import LengthKey, Policy
 
 
 @dataclass(frozen=True)
@@ -19,12 +26,16 @@ class SchedulerConfig:
     # (its `config_keys`, such as context's starvation_after); checked against its signature at load.
     policy_args: dict[str, Any] = field(default_factory=dict)
     chunk_size: int = 8192  # tokens per chunk (ignored by group_rr, which never chunks)
-    kv_budget_fraction: float = 0.95  # share of an instance's KV slots the scheduler may reserve
-    block_size: int = 16  # KV block in tokens: reservations are whole blocks (instances' telemetry overrides it)
-    affinity_gap_tokens: int = 512  # a chunk leaves its prefix's instance only for this many more free KV tokens
-    affinity_gap_fraction: float = 0.25  # of the prefix instance's KV capacity; the larger gap applies
+    # share of an instance's KV slots the scheduler may reserve
+    kv_budget_fraction: float = PlacementConfig.kv_budget_fraction
+    # KV block in tokens: reservations are whole blocks (instances' telemetry overrides it)
+    block_size: int = PlacementConfig.block_size
+    # a chunk leaves its prefix's instance only for this many more free KV tokens
+    affinity_gap_tokens: int = PlacementConfig.affinity_gap_tokens
+    affinity_gap_fraction: float = PlacementConfig.affinity_gap_fraction  # of the prefix instance's KV capacity; the larger gap applies
     max_running: int | None = None  # per instance; the only admission bound if KV capacity is unknown
-    kv_pool: bool = True  # a KV pool serves migrated prefixes (False: moving recomputes, so chunks stay; placement.py)
+    # a KV pool serves migrated prefixes (False: moving recomputes, so chunks stay; placement.py)
+    kv_pool: bool = PlacementConfig.kv_pool
     kv_capacity_tokens: int | None = None  # overrides the capacity instances report
     starvation_after: int = 512  # context: dispatches a ready request may be passed over
     starvation_every: int = 16  # context: at most every n-th dispatch serves a starving request
@@ -54,6 +65,8 @@ class SchedulerConfig:
     def check_policy(self) -> type[Policy]:
         """The policy's class, once `policy` and `policy_args` are known to build it (config-load
         time: nothing is constructed); PolicyError naming the key otherwise."""
+        from seer.scheduler.policies import PolicyError, check_policy
+
         cls = check_policy(self.policy, self.policy_args)
         unknown = [k for k in cls.config_keys if k not in self.__dataclass_fields__]
         if unknown:
@@ -64,6 +77,8 @@ class SchedulerConfig:
     def build_policy(self, true_lengths: Mapping[LengthKey, int] | None = None) -> Policy:
         """A fresh policy for one iteration: chunk_size, placement, the `scheduler.*` keys the
         policy's class lists in `config_keys`, and `policy_args`."""
+        from seer.scheduler.policies import make_policy, policy_class
+
         cls = policy_class(self.policy)
         settings = {k: getattr(self, k) for k in cls.config_keys}
         return make_policy(
@@ -74,3 +89,7 @@ class SchedulerConfig:
             **settings,
             **self.policy_args,
         )
+
+
+# Every scheduler setting's default, for signatures outside this class (`= DEFAULTS.chunk_size`).
+DEFAULTS = SchedulerConfig()

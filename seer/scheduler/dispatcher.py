@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from seer.types import Telemetry
 from seer.types import GenerateRequest, GenerateResult, PromptSpec, Sample, SamplingParams
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request, RequestBuffer, RequestStatus
 from seer.request_ids import chunk_id as make_chunk_id
 from seer.scheduler.chunks import chunk_seed
@@ -71,7 +72,7 @@ class Dispatcher:
         weight_version: int = 0,
         request_id_prefix: str = "",
         kv_capacity_tokens: int | None = None,
-        max_chunk_retries: int = 3,
+        max_chunk_retries: int = DEFAULTS.max_chunk_retries,
         turns: TurnSplitter | None = None,
     ) -> None:
         """`sampling.max_tokens` is each request's length limit; `sampling.seed`, when set, is the

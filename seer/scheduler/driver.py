@@ -87,7 +87,7 @@ class RolloutDriver:
 
     Usage (one call per iteration; the policy is rebuilt each time, it holds per-iteration state):
 
-        driver = RolloutDriver(backends, SchedulerConfig(policy="context", chunk_size=8192))
+        driver = RolloutDriver(backends, SchedulerConfig(policy="context"))
         result = await driver.run(prompts, group_size=8, sampling=SamplingParams(max_tokens=..., seed=...),
                                   weight_version=i, request_id_prefix=f"it{i}-",
                                   on_sample_finished=reward_queue.put_nowait)
@@ -137,10 +137,13 @@ class RolloutDriver:
         no instance slot and other chunks go on; its TurnReply continues or finishes the request.
         It must not raise: an environment's errors are its replies.
 
-        `stop_when` (partial rollout, as APRIL over-issues and keeps the first that finish): called
-        with the samples finished so far after each one finishes; once it returns True the rollout
-        ends there, chunks in flight are aborted and environment calls cancelled, and the requests
-        left are returned in `RolloutResult.unfinished`.
+        `stop_when` is for rollouts that over-issue and keep only part: partial rollout (APRIL keeps
+        the first that finish), dynamic sampling (issue more groups than the batch needs, stop once
+        enough groups have rewards that differ). Called with the samples finished so far after each
+        one finishes; once it returns True the rollout ends there, chunks in flight are aborted and
+        environment calls cancelled, and the requests left are returned in `RolloutResult.unfinished`.
+        The built-in rollout functions issue exactly the batch and pass none; a custom one may
+        (seer.rollout.base).
         """
         if (turns is None) != (on_turn_end is None):
             raise ValueError("multi-turn rollout needs both turns and on_turn_end")

@@ -24,6 +24,7 @@ import asyncio
 import inspect
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -63,8 +64,9 @@ class StepResult:
     reward: float | None = None  # when done: the trajectory's reward
 
 
-class Environment:
-    """Base class of environments (subclassing it is optional; the methods are the interface).
+class Environment(ABC):
+    """Base class of environments (subclassing it is optional; the methods are the interface; a
+    subclass must implement `step`, which `task.env` checks at config load).
 
     `stop`: strings that end a model turn besides EOS (a tool-call end tag); the turn's text
     includes the stop string. `__init__`, `reset`, `step` and `error_observation` run in workers,
@@ -80,8 +82,9 @@ class Environment:
         """The first observation after the prompt (None: the prompt alone)."""
         return None
 
+    @abstractmethod
     async def step(self, turn: Turn) -> StepResult:
-        raise NotImplementedError
+        """The environment's answer to one model turn: the next observation, or done and the reward."""
 
     def error_observation(self, error: str) -> Observation | str:
         """What the model sees after a step that raised or timed out (env.on_error: observe)."""
@@ -135,7 +138,7 @@ def env_path(spec: str) -> str:
 def resolve_env(spec: str, args: dict | None = None) -> type:
     """The `task.env` class, checked to take (prompt, reference, **task.env_args) and to have a `step`."""
     cls = resolve(env_path(spec), key="task.env", kind=inspect.isclass, kind_name="class", error=EnvSpecError)
-    if not callable(getattr(cls, "step", None)):
+    if not callable(getattr(cls, "step", None)) or inspect.isabstract(cls):
         raise EnvSpecError(f"task.env {spec!r}: {cls.__name__} has no step(turn) method")
     stop = getattr(cls, "stop", ())
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):

@@ -64,8 +64,8 @@ class RankPlace:
     rank: int = 0
     world_size: int = 1
     init_method: str | None = None  # tcp://host:port of rank 0's store; None: a private file store
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
+    tensor_parallel: int = TrainerConfig.tensor_parallel
+    pipeline_parallel: int = TrainerConfig.pipeline_parallel
     timeout_s: float = 600.0  # a collective that waits longer fails (a lost rank), it never hangs
 
     @property

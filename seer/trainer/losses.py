@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seer.trainer.config import AggMode, KLEstimator  # noqa: F401  (re-exported)
+from seer.trainer.config import AggMode, KLEstimator, TrainerConfig  # noqa: F401  (AggMode, KLEstimator: re-exported)
 
 
 def grpo_advantages(
@@ -104,7 +104,7 @@ def ppo_clip_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    clip_eps_low: float = 0.2,
+    clip_eps_low: float = TrainerConfig.clip_eps_low,
     clip_eps_high: float | None = None,
 ) -> PolicyLossTerms:
     """PPO clipped surrogate per token: max(-A r, -A clip(r, 1-eps_low, 1+eps_high)).

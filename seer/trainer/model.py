@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors.torch import load_file
 
 from seer.trainer import tp_shard
+from seer.trainer.config import TrainerConfig
 from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
 
 
@@ -32,7 +33,7 @@ def tensor_parallel_place() -> tuple[int, int]:
 
 
 def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
-                       tensor_parallel: int = 1) -> TransformerConfig:
+                       tensor_parallel: int = TrainerConfig.tensor_parallel) -> TransformerConfig:
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel,
         num_layers=arch.num_layers,

@@ -95,8 +95,8 @@ class RunWatch:
                       rollout_file: Path) -> None:
         """The iteration's trace file and tracker step; the live endpoint's last reward and version."""
         if self.cfg.trace:
-            dropped = [(d["instance"], d["reason"], d["t"] + batch.phases[0][1])
-                       for d in record.get("instances_dropped") or []] if batch.phases else []
+            dropped = [(d.instance, d.reason, d.at_s + batch.phases[0][1])
+                       for d in batch.dropped] if batch.phases else []
             trace = build_trace(batch.chunks, batch.telemetry, [*self.phases, *batch.phases],
                                 instances=[i["name"] for i in record.get("instances") or []], dropped=dropped,
                                 nodes=record.get("instance_nodes"), ranks=self._rank_slices(record),

@@ -48,11 +48,11 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path, ra
             await fleet.prepare_rollout(0)  # every instance serves version 0: the rollout may start
 
             # a new version (the same weights, a new number) lands on every instance
-            took = await fleet.load_weights(WeightsRef(1, str(tiny_model)))
+            took = await fleet.weights.push(WeightsRef(1, str(tiny_model)))
             assert took > 0 and await fleet.versions() == {n: 1 for n in fleet.names}
             with pytest.raises(StaleWeightsError, match="refusing to start rollout for weight version 2"):
                 await fleet.prepare_rollout(2)
-            assert await fleet.ensure_version(WeightsRef(1, str(tiny_model))) is None  # already served
+            assert await fleet.weights.ensure(WeightsRef(1, str(tiny_model))) is None  # already served
 
             # the KV master launched here dies: the fleet restarts it before the next rollout
             fleet.kv.master.kill()
@@ -73,7 +73,7 @@ def test_fleet_launches_pushes_checks_revives_and_drops(tiny_model, tmp_path, ra
                 except ProcessLookupError:
                     pass
             t0 = time.monotonic()
-            await fleet.load_weights(WeightsRef(2, str(tiny_model)))
+            await fleet.weights.push(WeightsRef(2, str(tiny_model)))
             SYNC_WITH_DEAD.check(time.monotonic() - t0, base_s=took)  # `took`: the update with both alive
             assert fleet.names == [n for n in fleet.names if n != victim] and len(fleet.names) == 1
             assert await fleet.versions() == {fleet.names[0]: 2}

@@ -99,7 +99,7 @@ async def scenario(args) -> dict:
 
         async def state(tag: str) -> dict:
             return {"versions": await fleet.versions(), "greedy": await greedy(tag), "names": fleet.names,
-                    "transport": fleet.weight_transport,
+                    "transport": fleet.weights.transport,
                     "dropped": [{"instance": d.instance, "reason": d.reason} for d in fleet.dropped]}
 
         rep["v0"] = await state("v0")
@@ -112,13 +112,13 @@ async def scenario(args) -> dict:
 
         # (a) version 1 through Ray to both nodes, each instance from its own node's directory
         ref1 = export(1)
-        took = await fleet.load_weights(ref1)
+        took = await fleet.weights.push(ref1)
         rep["a"] = {**await state("v1"), "took_s": took,
-                    "deliveries": {rec["node"]: rec for held in fleet.deliveries.values() for rec in held.values()}}
+                    "deliveries": {rec["node"]: rec for held in fleet.weights.deliveries.values() for rec in held.values()}}
 
         # (b1) version 2 delivered to the far node, a byte of it flipped there, loaded directly
         ref2 = export(2)
-        where = Path(await fleet._deliver(node_id[far], ref2, fresh=True))
+        where = Path(await fleet.weights.deliver(node_id[far], ref2, fresh=True))
         weights = where / "model.safetensors"
         data = bytearray(weights.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -134,7 +134,7 @@ async def scenario(args) -> dict:
         # (b2) the fleet loads version 2: the far node's copy (corrupt) is reused first, refused by
         # the instance, then re-delivered and loaded
         seen = len(notes)
-        await fleet.load_weights(ref2)
+        await fleet.weights.push(ref2)
         rep["b2"] = {**await state("v2"), "notes": notes[seen:]}
 
         # (b3) the far node's weights folder becomes unwritable (a file in its place): its
@@ -143,13 +143,13 @@ async def scenario(args) -> dict:
         shutil.rmtree(key_dir)
         key_dir.write_text("not a directory\n")
         seen = len(notes)
-        await fleet.load_weights(WeightsRef(3, args.model))
+        await fleet.weights.push(WeightsRef(3, args.model))
         rep["b3"] = {**await state("v3"), "notes": notes[seen:]}
 
         # (b4) the last instance and a payload that is not its manifest's: refused, still version 3
         ref4 = export(4)
         try:
-            await fleet.load_weights(WeightsRef(4, ref4.uri, payload=ref4.payload, manifest=ref2.manifest))
+            await fleet.weights.push(WeightsRef(4, ref4.uri, payload=ref4.payload, manifest=ref2.manifest))
             rep["b4_error"] = None
         except FleetError as e:
             rep["b4_error"] = str(e)

@@ -118,3 +118,7 @@ class UnrulyEnv(EchoEnv):
         if how == "raise":
             raise RuntimeError("error_observation crashed")
         return f"[custom: {error}]"
+
+
+class NoStepEnv(Environment):
+    """Forgets to implement step: Environment.step is abstract, so task.env refuses it at load."""

@@ -155,11 +155,16 @@ def test_bad_environment_settings_name_the_key(override, key):
         load_config(overrides=[override] + (["task.env=" + ECHO] if override.startswith("task.env_args") else []))
 
 
+def test_an_environment_without_step_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"task\.env .*NoStepEnv has no step"):
+        load_config(overrides=["task.env=tests.multiturn.envs_for_tests:NoStepEnv"])
+
+
 def test_the_calculator_task_selects_its_model_and_multi_turn_rollout():
     from seer.job import MULTI_TURN_ROLLOUT, rollout_function
 
     cfg = load_config(overrides=["task.name=calculator"])
     assert cfg.model.preset == "calc" and rollout_function(cfg) == MULTI_TURN_ROLLOUT
     assert load_config(overrides=["task.name=calculator", "model.preset=tiny"]).model.preset == "tiny"
-    assert rollout_function(load_config()) == "seer.rollout.divided:divided_rollout"
+    assert rollout_function(load_config()) == "seer.rollout.single_turn:single_turn_rollout"
     assert rollout_function(load_config(overrides=["task.env=" + ECHO])) == MULTI_TURN_ROLLOUT

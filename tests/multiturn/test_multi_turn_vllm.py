@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from seer.rollout.divided import RolloutContext, RolloutRequest
+from seer.rollout.base import RolloutContext, RolloutRequest
 from seer.rollout.multi_turn import multi_turn_rollout
 from seer.scheduler import SchedulerConfig
 from seer.tasks.env import EnvConfig, EnvRunner

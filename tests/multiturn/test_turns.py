@@ -107,7 +107,7 @@ def test_turns_as_chunks_give_generated_plus_observation_ids_and_the_mask():
 
 
 def run_multi_turn(env_cfg, env_args, max_tokens=60):
-    from seer.rollout.divided import RolloutContext, RolloutRequest
+    from seer.rollout.base import RolloutContext, RolloutRequest
     from seer.rollout.multi_turn import multi_turn_rollout
     from seer.tasks.env import EnvRunner
     from seer.tasks.reward import RewardRunner

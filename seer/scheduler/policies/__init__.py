@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from seer.plugins import PluginError, check_arguments, is_path, resolve
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.placement import PlacementConfig
 from seer.scheduler.policies.base import Policy
 from seer.scheduler.policies.context import ContextAware
@@ -66,7 +67,7 @@ def check_policy(spec: str, args: Mapping[str, Any] = {}) -> type[Policy]:
 def make_policy(
     name: str,
     *,
-    chunk_size: int | None = 8192,
+    chunk_size: int | None = DEFAULTS.chunk_size,
     placement: PlacementConfig | None = None,
     true_lengths: Mapping[LengthKey, int] | None = None,
     **params,

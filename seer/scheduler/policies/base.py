@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request
 from seer.scheduler.chunks import chunk_max_tokens
 from seer.scheduler.decisions import Decision, Dispatch, Wait
@@ -60,7 +61,7 @@ class Policy(ABC):
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None) -> None:
+    def __init__(self, chunk_size: int | None = DEFAULTS.chunk_size, placement: PlacementConfig | None = None) -> None:
         """`chunk_size`: `scheduler.chunk_size` (None: no chunking, a request runs to its end in one
         chunk); `placement`: the KV-budget and affinity settings `place` applies. A subclass takes
         both as keywords and passes them on; its other keywords come from `config_keys` and

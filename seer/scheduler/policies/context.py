@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig
@@ -61,14 +62,14 @@ class ContextAware(Policy):
 
     def __init__(
         self,
-        chunk_size: int | None = 8192,
+        chunk_size: int | None = DEFAULTS.chunk_size,
         placement: PlacementConfig | None = None,
-        starvation_after: int = 512,
-        starvation_every: int = 16,
+        starvation_after: int = DEFAULTS.starvation_after,
+        starvation_every: int = DEFAULTS.starvation_every,
         probe_index: int = 0,
-        early_packing: bool = False,
-        continuations_first: bool = False,
-        engine_priority: bool = False,
+        early_packing: bool = DEFAULTS.early_packing,
+        continuations_first: bool = DEFAULTS.continuations_first,
+        engine_priority: bool = DEFAULTS.engine_priority,
         turn_tokens: int = TURN_TOKENS,
     ) -> None:
         """Starvation guard: at most every `starvation_every`-th dispatch goes to the request that

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig
@@ -30,8 +31,8 @@ class DividedFifo(Policy):
     name = "divided"
     config_keys = ("continuations_first",)
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
-                 continuations_first: bool = False) -> None:
+    def __init__(self, chunk_size: int | None = DEFAULTS.chunk_size, placement: PlacementConfig | None = None,
+                 continuations_first: bool = DEFAULTS.continuations_first) -> None:
         super().__init__(chunk_size, placement)
         self.continuations_first = continuations_first
         self._ready = PriorityIndex()

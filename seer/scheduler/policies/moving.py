@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig
 from seer.scheduler.policies.divided import DividedFifo
@@ -25,8 +26,8 @@ from seer.scheduler.policies.divided import DividedFifo
 class MoveEveryChunk(DividedFifo):
     name = "move_every_chunk"
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
-                 continuations_first: bool = False) -> None:
+    def __init__(self, chunk_size: int | None = DEFAULTS.chunk_size, placement: PlacementConfig | None = None,
+                 continuations_first: bool = DEFAULTS.continuations_first) -> None:
         super().__init__(chunk_size, placement, continuations_first)
         self._moves = 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from seer.types import Sample
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request
 from seer.scheduler.decisions import Decision, Dispatch, Wait
 from seer.scheduler.placement import InstanceLoad, PlacementConfig
@@ -30,7 +31,7 @@ class OracleLongestFirst(Policy):
     def __init__(
         self,
         true_lengths: Mapping[LengthKey, int],
-        chunk_size: int | None = 8192,
+        chunk_size: int | None = DEFAULTS.chunk_size,
         placement: PlacementConfig | None = None,
     ) -> None:
         super().__init__(chunk_size, placement)

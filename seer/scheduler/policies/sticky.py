@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from seer.scheduler.config import DEFAULTS
 from seer.scheduler.buffer import Request
 from seer.scheduler.chunks import chunk_max_tokens
 from seer.scheduler.decisions import Decision, Dispatch, Wait
@@ -63,7 +64,7 @@ def session_route(home: str | None, loads: Sequence[InstanceLoad], max_running: 
 class SessionSticky(Policy):
     name = "sticky"
 
-    def __init__(self, chunk_size: int | None = 8192, placement: PlacementConfig | None = None,
+    def __init__(self, chunk_size: int | None = DEFAULTS.chunk_size, placement: PlacementConfig | None = None,
                  homes: Mapping[str, str] | None = None) -> None:
         super().__init__(chunk_size, placement)
         self._ready = PriorityIndex()  # key: (arrival in the ready queue,)

@@ -1,0 +1,37 @@
+"""The default rollout function: single-turn divided rollout over the fleet.
+
+It joins the scheduler's driver (divided rollout and the configured policy), the asynchronous
+reward runner and the iteration's statistics into a typed RolloutBatch. The contract it
+implements (RolloutRequest, RolloutContext, RolloutFunction) is seer.rollout.base's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
+from seer.rollout.stats import stats_from_result
+from seer.scheduler import RolloutDriver
+from seer.types import RolloutBatch
+
+
+async def single_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBatch:
+    """Every sample of `req.prompts`, rewarded, with the iteration's stats. Returns once the last
+    reward is in. Instances the driver had to drop are in `RolloutBatch.dropped`."""
+    driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
+    result = await driver.run(
+        req.prompts,
+        group_size=req.group_size,
+        sampling=iteration_sampling(req),
+        weight_version=req.weight_version,
+        request_id_prefix=f"it{req.iteration}-",
+        true_lengths=ctx.true_lengths,
+        on_sample_finished=ctx.rewards.submit,
+        on_progress=ctx.on_progress,
+    )
+    await ctx.rewards.wait_all()
+    names = [b.name for b in ctx.backends]
+    phases = [("generate", result.start_time, result.end_time), ("reward tail", result.end_time, time.monotonic())]
+    return RolloutBatch(samples=result.samples, stats=stats_from_result(result, req.iteration, names),
+                        chunks=result.chunks, telemetry=result.telemetry, phases=phases,
+                        dropped=dropped_instances(result))
