@@ -251,14 +251,22 @@ def test_every_listener_of_a_run_is_where_the_readme_table_says(whole_run):
 
 
 def test_a_secret_in_seer_runs_environment_never_reaches_the_vllm_processes(whole_run):
+    """Nor any other process the run starts (Ray's, the trainer ranks, Mooncake's, the DGDS server):
+    each inherits only the allow-listed part of the driver's environment (seer.procs.environment)."""
     services = _services(whole_run)
-    vllm = [p for p, s in services.items() if s == "vllm" and "seer.procs.guard" not in _cmd(p)]
+    environs = {}
+    for p in services:
+        try:
+            environs[p] = Path(f"/proc/{p}/environ").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+    vllm = [p for p in environs if services[p] == "vllm"]
     assert len(vllm) >= 3, [(p, _cmd(p)[:80]) for p in vllm]  # API server, engine core, its worker
-    environs = {p: Path(f"/proc/{p}/environ").read_bytes() for p in vllm}
-    assert all(b"VLLM_API_KEY=" in e for e in environs.values())  # the instance's own secret: it reads that one
-    leaked = [p for p, e in environs.items() if SECRET.encode() in e]
-    assert not leaked, f"WANDB_API_KEY of seer-run reached {[_cmd(p)[:80] for p in leaked]}"
-    assert SECRET.encode() in Path(f"/proc/{whole_run.pid}/environ").read_bytes()  # it was there to leak
+    assert all(b"VLLM_API_KEY=" in environs[p] for p in vllm)  # the instance's own secret: it reads that one
+    assert SECRET.encode() in environs[whole_run.pid]  # it was there to leak
+    leaked = [p for p, e in environs.items() if SECRET.encode() in e and p != whole_run.pid]
+    assert not [p for p in leaked if p in vllm], f"WANDB_API_KEY of seer-run reached {[_cmd(p)[:80] for p in leaked]}"
+    assert not leaked, f"WANDB_API_KEY of seer-run reached {[(services[p], _cmd(p)[:80]) for p in leaked]}"
 
 
 def test_options_without_the_secret_is_refused_on_every_path_but_health(whole_run):
