@@ -1,7 +1,7 @@
 """Run one command under a child subreaper, so that every process it ever starts stays findable.
 
 `python -m tests.reaper -- COMMAND...` marks itself PR_SET_CHILD_SUBREAPER, starts COMMAND in a
-session of its own, prints its pid on the first line of stdout, then reaps whatever ends below it
+session of its own (its output goes to the reaper's stderr), prints its pid on stdout, then reaps whatever ends below it
 until its stdin closes. A process of the command's tree whose parent dies (a daemon's double fork,
 a server whose guard was killed) is re-parented here, not to init: the reaper's process tree
 (tests.sockets.process_tree) is every process of the command still alive, the command itself
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print("tests.reaper: PR_SET_CHILD_SUBREAPER failed", file=sys.stderr)
         return 1
-    proc = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL, stdout=sys.stderr, start_new_session=True)
     print(proc.pid, flush=True)
     while True:
         while True:  # reap every child that ended, the command and re-parented orphans alike
