@@ -56,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(render(cfg))
         return 0
-    # SIGTERM behaves like Ctrl-C: unwind, so the instance pool shuts down.
+    # SIGTERM and Ctrl-C raise KeyboardInterrupt wherever the driver is: it unwinds and stops what it
+    # started. asyncio.run's own Ctrl-C handler only cancels the main task, and a Ctrl-C during the
+    # fleet's start-up was lost that way: the run went on (tests/test_run_processes.py).
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     from seer import loop
     from seer.fleet import FleetError
     from seer.model import CheckpointError

@@ -4,8 +4,10 @@ vLLM's own `--api-key` / `VLLM_API_KEY` check guards `/v1`-style routes only, wh
 routes Seer relies on (`/collective_rpc`, which loads weights from a path; `/reset_prefix_cache`)
 and `/metrics` stay open to anyone who can reach the port. This ASGI middleware, loaded into the
 server with `--middleware seer.fleet.auth.RunTokenMiddleware`, refuses any request but `/health`
-(a liveness probe that tells nothing) without `Authorization: Bearer <VLLM_API_KEY>`. The secret
-comes from the server's environment, never its command line, which any local user can read.
+(a liveness probe that tells nothing) without `Authorization: Bearer <VLLM_API_KEY>`, whatever its
+method: an OPTIONS request (a CORS preflight) is refused like a GET, as a browser's preflight carries
+no secret and no Seer client sends one. The secret comes from the server's environment, never its
+command line, which any local user can read.
 
 Imported inside the vLLM server: it loads nothing of Seer's.
 """
@@ -37,7 +39,7 @@ class RunTokenMiddleware:
         return False
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+        if scope["type"] not in ("http", "websocket"):  # lifespan: no request
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         if path in OPEN_PATHS or self._authorized(scope):

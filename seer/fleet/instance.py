@@ -7,13 +7,13 @@ own CPU cores (or GPUs), so an idle instance is idle hardware, as on a cluster.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from seer.fleet import weights
 from seer.procs import GuardedProcess, intel_openmp_library
+from seer.procs.environment import inherited
 
 
 class InstanceStartError(RuntimeError):
@@ -71,7 +71,9 @@ class InstanceSpec:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The server's whole environment: the allow-listed part of ours (seer.procs.environment:
+        no WANDB_API_KEY or other secret of the driver's), then the instance's own settings."""
+        env = inherited()
         iomp = intel_openmp_library()
         if iomp and iomp not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = ":".join(p for p in (iomp, env.get("LD_PRELOAD", "")) if p)

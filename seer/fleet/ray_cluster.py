@@ -89,7 +89,11 @@ class RayCluster:
             "ray-head", [*_ray_cli(), "start", "--head", "--block", "--node-ip-address", ip, "--port", str(port),
                          "--num-cpus", str(len(os.sched_getaffinity(0)) + TRAINER_CPUS), "--include-dashboard", "false",
                          "--disable-usage-stats", "--temp-dir", str(tmp / "r")],
-            Path(log_dir or tmp) / "ray-head.log", env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
+            Path(log_dir or tmp) / "ray-head.log",
+            # Ray's own settings (its token above) on top of what every launched process inherits: Ray's
+            # workers (trainer ranks, instance hosts) see what a joined cluster's would, not the driver's secrets.
+            env={**{k: v for k, v in os.environ.items() if k.startswith("RAY_")},
+                 "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
         head.start()
         cluster = cls(ip, True, True, tmp)
         cluster.head = head

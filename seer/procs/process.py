@@ -1,7 +1,9 @@
 """A child process under seer.procs.guard, logging to a file: never orphaned.
 
 Every long-lived helper process Seer starts (vLLM servers, mooncake_master and its store, the
-DGDS server) goes through this one class, so all of them die with the driver, even on SIGKILL.
+DGDS server, a one-node Ray's head) goes through this one class, so all of them die with the
+driver, even on SIGKILL. None inherits the driver's whole environment, only its allow-listed part
+(seer.procs.environment), so a secret of the driver's stays in the driver.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+from seer.procs.environment import inherited
+
 
 class GuardedProcess:
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
                  inherit_env: bool = True, cpus: str | None = None):
-        """`cpus`: pin the process and all its descendants to these cores (seer.procs.guard --cpus)."""
+        """`env` on top of the allow-listed part of this process's environment (`inherit_env`, the
+        default) or alone; `cpus`: pin the process and all its descendants to these cores
+        (seer.procs.guard --cpus)."""
         self.name = name
         self.cpus = cpus
         self.command = command
@@ -30,7 +36,7 @@ class GuardedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        env = dict(os.environ) if self.inherit_env else {}
+        env = inherited() if self.inherit_env else {}
         env.update(self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "seer.procs.guard", str(os.getpid()),

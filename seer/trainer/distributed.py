@@ -2,16 +2,20 @@
 
 One code path for every world size: world size 1 (the default, a trainer in one process) uses a
 file:// rendezvous in a fresh temp dir, so concurrent runs on one machine never race for a TCP
-port; a rank of a larger group joins rank 0's TCP store (``tcp://<rank 0's node address>:port``).
-gloo on CPU, NCCL on GPUs. Megatron's parallel state then splits the world into tensor-, pipeline-
-and data-parallel groups (tp and pp consecutive ranks innermost, as Megatron orders them).
+port; a rank of a larger group joins rank 0's TCP store (``tcp://<rank 0's node address>:port``),
+which rank 0 binds to that address only (torch's own ``tcp://`` rendezvous listens on every
+interface, and its store has no authentication). gloo on CPU, NCCL on GPUs. Megatron's parallel
+state then splits the world into tensor-, pipeline- and data-parallel groups (tp and pp
+consecutive ranks innermost, as Megatron orders them).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -48,13 +52,11 @@ def init_megatron(seed: int = 0, place: RankPlace | None = None) -> None:
             if place.world_size != 1:
                 raise ValueError("a trainer world larger than 1 needs rank 0's tcp:// address")
             init_method = f"file://{os.path.join(tempfile.mkdtemp(prefix='seer-trainer-pg-'), 'store')}"
-        dist.init_process_group(
-            backend="nccl" if on_gpu else "gloo",
-            init_method=init_method,
-            world_size=place.world_size,
-            rank=place.rank,
-            timeout=timedelta(seconds=place.timeout_s),
-        )
+        timeout = timedelta(seconds=place.timeout_s)
+        rendezvous = dict(store=_tcp_store(init_method, place, timeout)) if init_method.startswith("tcp://") \
+            else dict(init_method=init_method)
+        dist.init_process_group(backend="nccl" if on_gpu else "gloo", world_size=place.world_size, rank=place.rank,
+                                timeout=timeout, **rendezvous)
     if dist.get_world_size() != place.world_size or dist.get_rank() != place.rank:
         raise RuntimeError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"not rank {place.rank} of {place.world_size}")
@@ -67,3 +69,22 @@ def init_megatron(seed: int = 0, place: RankPlace | None = None) -> None:
         from seer.compat.megatron_cpu_shim import seed_cpu_rng_tracker
 
         seed_cpu_rng_tracker(seed)
+
+
+def _tcp_store(init_method: str, place: RankPlace, timeout: timedelta) -> dist.TCPStore:
+    """The group's store at `tcp://host:port`: rank 0 serves it on a socket bound to `host` alone
+    (handed to torch as `master_listen_fd`: TCPStore itself binds every interface), the others join it."""
+    url = urlsplit(init_method)
+    host, port = url.hostname, url.port
+    if place.rank != 0:
+        return dist.TCPStore(host, port, place.world_size, False, timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, port, place.world_size, True, timeout, master_listen_fd=sock.detach())

@@ -1,0 +1,40 @@
+"""What of the driver's environment a process Seer launches inherits: an allow-list, not everything.
+
+`seer-run`'s environment may hold secrets that are none of a server's business (`WANDB_API_KEY`, a
+cloud token), and a server's `/proc/<pid>/environ` is one more place to leak them. A vLLM server,
+the Mooncake and DGDS servers and a one-node Ray's head (so its workers) inherit only what their
+runtimes read: the process basics, Python's, the thread and BLAS runtimes' (OpenMP, MKL), vLLM's,
+torch's and the accelerators', Hugging Face's, gRPC's, Mooncake's and Seer's own `SEER_*`. What
+Seer itself hands a process (a secret, pool and DGDS settings, Ray's own `RAY_*`) is added by the
+caller on top.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+INHERITED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE",
+    "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+    "VIRTUAL_ENV",
+    "LD_PRELOAD", "LD_LIBRARY_PATH",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",  # a model or tokenizer fetched over TLS
+})
+INHERITED_PREFIXES = (
+    "LC_",  # locale
+    "PYTHON",  # PYTHONPATH, PYTHONHASHSEED, PYTHONUNBUFFERED, ...
+    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "CCL_", "I_MPI_",  # threads, BLAS, oneCCL
+    "VLLM_", "TORCH", "PYTORCH_", "TRITON_",
+    "CUDA_", "NVIDIA_", "NCCL_", "HIP_", "ROCR_", "GLOO_",  # accelerators and collectives (Ray sets CUDA_VISIBLE_DEVICES)
+    "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_",
+    "GRPC_",  # the DGDS server and its clients
+    "MC_", "MOONCAKE_",  # the KV connector's transfer engine
+    "SEER_",  # Seer's own plugins inside the server (seer.dgds.vllm, seer.compat)
+)
+
+
+def inherited(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The part of `environ` (default: this process's) that a launched process may see."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in INHERITED_NAMES or k.startswith(INHERITED_PREFIXES)}
