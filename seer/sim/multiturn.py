@@ -64,7 +64,7 @@ class AgentWorkload:
     max_tokens: int = 65536  # a trajectory's budget (turns and observations)
     # Seer's chunk: about a few turns, so that a chunk's KV reservation (its context + the chunk) does
     # not hold back admission (the paper's 8192 reserves 27x a median turn; bench.sim.multiturn --set
-    # chunk_size=8192 --tag c8k shows what that costs)
+    # chunk_size=<the paper's 8192> --tag c8k shows what that costs)
     chunk_size: int = 1024
     token_unit: int = 16  # real tokens per simulated token
 

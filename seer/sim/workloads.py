@@ -19,6 +19,9 @@ from seer.sim.hardware import MODELS, kv_capacity_tokens, memory_fraction_for
 LengthKey = tuple[int, int]  # (group_id, sample_index)
 
 
+# The paper's chunk size for its three workloads (workload data, not Seer's default)
+PAPER_CHUNK_SIZE = 8192
+
 @dataclass(frozen=True)
 class LengthModel:
     """Group-correlated lognormal lengths, clipped to [min_tokens, max_tokens].
@@ -146,18 +149,18 @@ PAPER_WORKLOADS: dict[str, Workload] = {
     "moonlight": Workload(
         "moonlight", instances=32, groups=400, group_size=8, max_tokens=65536, mean_tokens=22386,
         prompt_tokens=1024, kv_capacity_tokens=kv_capacity_tokens(MODELS["moonlight"], 1, ROLLOUT_MEMORY_FRACTION),
-        max_num_seqs=1024, chunk_size=8192, gpus_per_instance=1, token_unit=64, icc=PAPER_ICC,
+        max_num_seqs=1024, chunk_size=PAPER_CHUNK_SIZE, gpus_per_instance=1, token_unit=64, icc=PAPER_ICC,
     ),
     "qwen2vl72b": Workload(
         "qwen2vl72b", instances=16, groups=600, group_size=16, max_tokens=40960, mean_tokens=7615,
-        prompt_tokens=1024, kv_capacity_tokens=QWEN2VL72B_KV_CALIBRATED, max_num_seqs=1024, chunk_size=8192,
+        prompt_tokens=1024, kv_capacity_tokens=QWEN2VL72B_KV_CALIBRATED, max_num_seqs=1024, chunk_size=PAPER_CHUNK_SIZE,
         gpus_per_instance=8, token_unit=32, temperature=0.8, icc=PAPER_ICC,
     ),
     "kimik2": Workload(
         "kimik2", instances=8, groups=800, group_size=8, max_tokens=98304, mean_tokens=38959,
         prompt_tokens=1024,
         kv_capacity_tokens=kv_capacity_tokens(MODELS["kimik2"], 32, KIMI_K2_MEMORY_FRACTION, dp_ranks=32),
-        max_num_seqs=1024, chunk_size=8192, gpus_per_instance=32, dp_ranks=32, token_unit=128, icc=PAPER_ICC,
+        max_num_seqs=1024, chunk_size=PAPER_CHUNK_SIZE, gpus_per_instance=32, dp_ranks=32, token_unit=128, icc=PAPER_ICC,
     ),
 }
 
