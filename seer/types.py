@@ -63,6 +63,33 @@ class PromptSpec:
     reference: dict  # whatever the reward function needs (answer, metadata); never shown to the model
 
 
+@dataclass(frozen=True)
+class Routing:
+    """The experts each MoE layer chose for each token, as the rollout computed them (R3).
+
+    Compact on purpose (docs/extending.md): ``layers x top_k`` bytes per token with uint8 ids.
+    """
+
+    layers: int  # MoE layers, in model order
+    top_k: int
+    dtype: str  # "uint8" when num_experts <= 256, else "uint16"
+    data: bytes  # tokens x layers x top_k ids, row-major, prompt tokens first
+
+    @property
+    def num_tokens(self) -> int:
+        width = self.layers * self.top_k * (1 if self.dtype == "uint8" else 2)
+        return len(self.data) // width if width else 0
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Where a sample sits in an agent session's tree of calls (the gateway; docs/extending.md)."""
+
+    session: str  # the session's id (one per agent run; G sessions form a group)
+    path: tuple[int, ...]  # call indices from the session's root to this sample's last call
+    parent: str | None = None  # request_id of the sample whose tokens this one extends, if any
+
+
 @dataclass
 class Sample:
     """One finished response of a group, with everything training and stats need."""
@@ -85,6 +112,9 @@ class Sample:
     # mask is 1 on tokens the policy generated (trained on) and 0 on the environment's. None: all 1.
     loss_mask: list[int] | None = None
     turns: int = 1
+    # The one extension the model, gateway and trainer work share (docs/extending.md).
+    routing: Routing | None = None  # None: a dense model, or routing replay off
+    branch: Branch | None = None  # None: one trajectory per sample (single-turn, Environment)
 
     @property
     def num_tokens(self) -> int:
