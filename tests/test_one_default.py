@@ -24,22 +24,6 @@ SEER = Path(__file__).resolve().parents[1] / "seer"
 # temperature, a helper's seed): the same literal there is not the config's setting written twice.
 GENERIC = {"seed", "host", "dtype", "temperature", "mode", "name", "timeout_s", "enabled"}
 
-# Found by this scan in files that other changes of issue 28 move or rewrite at the same time
-# (DGDS's server and client split, the instances' launch record, the tasks): to be emptied when
-# those land. (file, name) pairs; nothing else may be added here.
-PENDING = {
-    ("seer/dgds/server/group_store.py", "max_depth"),
-    ("seer/dgds/server/grpc_server.py", "max_depth"),
-    ("seer/dgds/tree/suffix_tree.py", "max_depth"),
-    ("seer/dgds/vllm/settings.py", "adaptive"),
-    ("seer/fleet/instance.py", "max_num_seqs"),
-    ("seer/tasks/dataset.py", "prompt_field"),
-    ("seer/tasks/running_sum.py", "num_prompts"),
-    ("seer/tasks/running_sum.py", "median_steps"),
-    ("seer/tasks/running_sum.py", "sigma"),
-    ("seer/tasks/calculator.py", "num_prompts"),
-    ("seer/tasks/calculator.py", "median_turns"),
-}
 
 
 def _config_classes() -> list[type]:
@@ -124,14 +108,8 @@ def _repeats() -> list[str]:
 
 def test_no_config_default_is_written_a_second_time():
     bad = [f"{rel}:{line}: {name}={value!r} repeats the config's default"
-           for rel, line, name, value in _repeats() if (rel, name) not in PENDING]
+           for rel, line, name, value in _repeats()]
     assert not bad, "take the config's value (e.g. `= DEFAULTS.x`) instead:\n" + "\n".join(bad)
-
-
-def test_the_pending_list_holds_only_repeats_that_still_exist():
-    """So that PENDING shrinks as the other changes land, and never hides a fixed entry's return."""
-    still = {(rel, name) for rel, _, name, _ in _repeats()}
-    assert not PENDING - still, f"remove from PENDING: {sorted(PENDING - still)}"
 
 
 def test_chunk_size_has_one_default():

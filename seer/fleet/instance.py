@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seer.fleet import weights
+from seer.fleet.config import InstancesConfig
 from seer.procs import GuardedProcess, intel_openmp_library
 from seer.procs.environment import inherited
 
@@ -31,7 +32,7 @@ class InstanceSpec:
     dtype: str = "float32"
     max_model_len: int = 4096
     kv_cache_bytes: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = InstancesConfig.max_num_seqs
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, repr=False)  # may carry secrets (SEER_DGDS_TOKEN)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from seer.tasks.env import Environment, StepResult, Turn
-from seer.tasks.running_sum import MEAN_DIGIT, Problem, lognormal_count
+from seer.tasks.running_sum import MEAN_DIGIT, Problem, RunningSumConfig, lognormal_count
 
 PROMPT_TEMPLATE = "Count down with the calculator.\nstart={total}\n"
 CALL_END = "</calc>"
@@ -42,7 +42,7 @@ _CALL = re.compile(r"<calc>(\d+)-(\d+)</calc>")
 class CalcTaskConfig:
     """Dataset shape: turns per prompt ~ lognormal(median_turns, sigma), clipped."""
 
-    num_prompts: int = 256
+    num_prompts: int = RunningSumConfig.num_prompts
     seed: int = 0
     median_turns: float = 4.0
     sigma: float = 0.7

@@ -24,6 +24,7 @@ from seer.plugins import PluginError, check_arguments, resolve
 from seer.types import PromptSpec
 from seer.tasks.reward import RewardFn, resolve_reward_fn
 from seer.tasks import calculator
+from seer.tasks.calculator import CalcTaskConfig
 from seer.tasks.running_sum import RunningSumConfig, generate_problems
 
 BUILTIN_TASKS = ("running_sum", "calculator")
@@ -76,17 +77,17 @@ class TaskConfig:
     # For records with `messages`: a jinja chat template, or the path of a file holding one; None:
     # the tokenizer's own (an error if it has none)
     chat_template: str | None = None
-    num_prompts: int = 256  # built-in task only
+    num_prompts: int = RunningSumConfig.num_prompts  # built-in task only
     seed: int = 0  # built-in task only
-    median_steps: float = 18.0  # built-in task only: median reasoning steps per prompt
-    sigma: float = 1.1  # built-in task only: lognormal spread of the step count
+    median_steps: float = RunningSumConfig.median_steps  # built-in task only: median reasoning steps per prompt
+    sigma: float = RunningSumConfig.sigma  # built-in task only: lognormal spread of the step count
     # The multi-turn environment, "package.module:Class" or a built-in name (calculator); setting
     # it selects the multi-turn rollout (seer.rollout.multi_turn). The calculator task sets it itself.
     env: str | None = None
     # Keyword arguments of the environment's constructor (calculator: latency_median_s, latency_sigma)
     env_args: dict[str, Any] = field(default_factory=dict)
-    median_turns: float = 4.0  # built-in calculator task only: median calculator calls per prompt
-    turns_sigma: float = 0.7  # built-in calculator task only: lognormal spread of the turn count
+    median_turns: float = CalcTaskConfig.median_turns  # built-in calculator task only: median calculator calls per prompt
+    turns_sigma: float = CalcTaskConfig.sigma  # built-in calculator task only: lognormal spread of the turn count
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def resolve_loader(spec: str, args: Mapping[str, Any] = {}):
     return fn
 
 
-def load_records(spec: str, args: Mapping[str, Any] = {}, *, prompt_field: str = "prompt",
+def load_records(spec: str, args: Mapping[str, Any] = {}, *, prompt_field: str = TaskConfig.prompt_field,
                  chat_template: str | None = None) -> list[TaskRecord]:
     """Call the `task.loader` function `spec` with `args` and check what it returns, naming the
     record index and the field of any malformed record (as a JSONL line gets file:line)."""
@@ -183,7 +184,7 @@ def running_sum_records(cfg: RunningSumConfig) -> list[TaskRecord]:
     return [TaskRecord(i, p.text, p.reference) for i, p in enumerate(generate_problems(cfg))]
 
 
-def load_jsonl(path: str | os.PathLike, *, prompt_field: str = "prompt",
+def load_jsonl(path: str | os.PathLike, *, prompt_field: str = TaskConfig.prompt_field,
                chat_template: str | None = None) -> list[TaskRecord]:
     """One JSON object per non-blank line; `prompt_field` (or `messages`) is the prompt, every other key the reference."""
     records = []
@@ -206,7 +207,7 @@ def load_jsonl(path: str | os.PathLike, *, prompt_field: str = "prompt",
     return records
 
 
-def parse_record(obj: Any, where: str, index: int, prompt_field: str = "prompt",
+def parse_record(obj: Any, where: str, index: int, prompt_field: str = TaskConfig.prompt_field,
                  chat_template: str | None = None) -> TaskRecord:
     """A JSONL line's object or a loader's mapping as a TaskRecord; DatasetError naming `where` and the field."""
     if not isinstance(obj, Mapping):

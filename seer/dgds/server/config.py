@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from seer.dgds.tree.suffix_tree import MAX_DEPTH
+from seer.dgds.vllm.settings import ProposerSettings
 from seer.dgds.wire import TOKEN_ENV  # noqa: F401  (the run's secret: see there)
 
 
@@ -15,8 +17,8 @@ class DGDSConfig:
     host: str = "127.0.0.1"  # where a launched draft server binds
     num_speculative_tokens: int = 8  # gamma_max
     mode: Literal["group", "request"] = "group"  # request: per-request-only drafting (ablation)
-    adaptive: bool = True  # Algorithm 1 draft lengths; False: always gamma_max
-    max_depth: int = 64  # suffix-tree depth: the longest context a draft is matched on
+    adaptive: bool = ProposerSettings.adaptive  # Algorithm 1 draft lengths; False: always gamma_max
+    max_depth: int = MAX_DEPTH  # suffix-tree depth: the longest context a draft is matched on
     ready_timeout_s: float = 60.0  # how long a launched draft server may take to start
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Callable, Sequence
 
 from seer.dgds.tree.drafting import draft
-from seer.dgds.tree.suffix_tree import SuffixTree, log_fetch, sync_packed
+from seer.dgds.tree.suffix_tree import MAX_DEPTH, SuffixTree, log_fetch, sync_packed
 from seer.dgds.types import Draft, DraftParams, Segment
 from seer.dgds.wire import unpack_u32
 
@@ -415,7 +415,7 @@ class GroupStore:
     from those and never ask, so the server only keeps logs; a client that does ask pays for the
     build once, then the tree follows every append."""
 
-    def __init__(self, max_depth: int = 64, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic,
+    def __init__(self, max_depth: int = MAX_DEPTH, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic,
                  lazy_trees: bool = True):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")

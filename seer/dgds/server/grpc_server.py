@@ -30,6 +30,7 @@ from seer.dgds.server.group_store import (DgdsError, GroupStore, Limits, Malform
                                           Update)
 from seer.dgds.server.lane import LaneProtocol
 from seer.dgds.server.metrics import RpcMetrics
+from seer.dgds.tree.suffix_tree import MAX_DEPTH
 from seer.dgds.proto import dgds_pb2 as pb
 from seer.dgds.types import DraftParams
 from seer.dgds.wire import AUTH_KEY, ENDED_GROUP_KEY, UNKNOWN_GROUP_KEY
@@ -306,7 +307,7 @@ class DgdsServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        max_depth: int = 64,
+        max_depth: int = MAX_DEPTH,
         limits: Limits = Limits(),
         max_message_bytes: int = 64 * 1024 * 1024,
         reap_interval_s: float = 1.0,

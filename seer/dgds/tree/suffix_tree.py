@@ -37,6 +37,8 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+MAX_DEPTH = 64  # the default suffix-tree depth (DGDSConfig.max_depth reads it): the longest context a draft is matched on
+
 
 class Node:
     """A tree node; its edge is ``seqs[ref_seq][ref_idx : ref_idx + length]`` (root: empty).
@@ -104,7 +106,7 @@ class SuffixTree:
     paid for only by a server that drafts from it (``deferred`` says whether it is still unbuilt).
     """
 
-    def __init__(self, max_depth: int = 64, compiled: bool | None = None, log: bool = False, lazy: bool = False):
+    def __init__(self, max_depth: int = MAX_DEPTH, compiled: bool | None = None, log: bool = False, lazy: bool = False):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
         if lazy and not log:
