@@ -1,0 +1,44 @@
+"""The calculator task as an OpenAI Agents SDK agent.
+
+    task.agent: seer.tasks.agents.calculator_sdk:agent
+
+The SDK speaks the Responses API and sends traces to OpenAI by default: this agent uses the chat
+completions model class with the session's own client (so concurrent sessions in one process never
+share a client), and tracing is off. It returns None: the task's reward function
+(seer.tasks.calculator:score, the calculator task's default) scores the session's transcript.
+"""
+
+from __future__ import annotations
+
+from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool, set_tracing_disabled
+from openai import AsyncOpenAI
+
+from seer.tasks.agents.calculator_tool import CalculatorTool
+
+set_tracing_disabled(True)
+
+
+class Slip(Exception):
+    """A calculator call the environment would end the trajectory on."""
+
+
+async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str,
+                latency_median_s: float = 0.08, latency_sigma: float = 0.7, max_turns: int = 32) -> None:
+    tool = CalculatorTool(record["reference"], latency_median_s, latency_sigma)
+
+    @function_tool(name_override="calc", failure_error_function=None)
+    async def calc(expression: str) -> str:
+        """Subtract a digit: 'A-D' answers A minus D, zero-padded to A's width."""
+        answer = await tool(expression)
+        if answer is None:
+            raise Slip(expression)
+        return answer
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+        counter = Agent(name="calculator", tools=[calc],
+                        model=OpenAIChatCompletionsModel(model=model, openai_client=client))
+        try:
+            await Runner.run(counter, record["prompt"], max_turns=max_turns, run_config=RunConfig(tracing_disabled=True))
+        except Slip:
+            pass  # the session ends on the slipped call, as the environment ends the trajectory
+    return None
