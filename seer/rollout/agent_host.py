@@ -5,7 +5,9 @@ by hand). It starts with the agent's environment only (seer.procs.environment.ag
 no secret of the driver's is in any agent process, not even in /proc/<pid>/environ; it imports a
 `module:function` agent once, so a session starts with a fork (milliseconds, the agent's imports
 shared copy-on-write) instead of a fresh interpreter (seconds for the openai client or the Agents
-SDK). Each session's process leads its own process group and dies with the host
+SDK). Libraries import much lazily, on a client's first call (the openai client's HTTP stack: a
+cold session took 1.8 s where a warm one took 0.2 s), so the first sessions list the modules they
+imported and the host imports them too: later sessions start warm. Each session's process leads its own process group and dies with the host
 (PR_SET_PDEATHSIG); when it ends (or is killed on timeout) its whole group goes, so a tool
 subprocess it left behind goes too. A `module:function` session runs the function on its own
 event loop and reports its reward; a command session execs the command.
@@ -35,6 +37,7 @@ from seer.procs.pdeathsig import set_parent_death_signal
 
 HEADER = struct.Struct(">I")
 MAX_ERROR_CHARS = 1500  # a session's result frame must stay under PIPE_BUF (4096 bytes) to be atomic
+WARM_SESSIONS = 4  # the first sessions tell the host which modules they imported late
 
 
 def frame(obj: Any) -> bytes:
@@ -95,6 +98,8 @@ class Host:
         self.pid = os.getpid()
         self.fn: Callable[..., Any] | None = None
         self.children: dict[int, str] = {}  # pid -> session id
+        self.lists: dict[int, str] = {}  # pid -> the file where a warming session lists its late imports
+        self.warmed = 0
         self.stopping = False
         # Private copies of the pipes: fd 0, 1 and 2 become each session's /dev/null and log.
         self.inp = os.dup(0)
@@ -167,7 +172,26 @@ class Host:
         elif op == "start":
             self.start(msg)
 
+    def warm(self, path: str | None) -> None:
+        """Import what a finished session imported late, so the next sessions start with it."""
+        if path is None:
+            return
+        try:
+            with open(path) as f:
+                names = f.read().split()
+            os.unlink(path)
+        except OSError:
+            return
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - a module made at run time, or one that needs its session
+                pass
+
     def start(self, msg: dict) -> None:
+        if self.kind == "function" and self.warmed < WARM_SESSIONS:
+            self.warmed += 1
+            msg["modules"] = f"{msg['log'] or '/tmp/seer-agent'}.{self.warmed}.modules"
         pid = os.fork()
         if pid == 0:
             try:
@@ -179,6 +203,8 @@ class Host:
         except OSError:
             pass
         self.children[pid] = msg["id"]
+        if msg.get("modules"):
+            self.lists[pid] = msg["modules"]
         self.send({"id": msg["id"], "pid": pid})
 
     def _child(self, msg: dict) -> None:
@@ -206,7 +232,14 @@ class Host:
             except OSError as e:
                 os.write(2, f"cannot run {msg['argv'][0]!r}: {e}\n".encode())
                 os._exit(127)
+        before = set(sys.modules)
         reward, error = asyncio.run(call_agent(self.fn, msg["kwargs"])) if self.fn is not None else (None, "no agent")
+        if msg.get("modules") and error is None:
+            try:
+                with open(msg["modules"], "w") as f:
+                    f.write("\n".join(sorted(set(sys.modules) - before)))
+            except OSError:
+                pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -228,6 +261,7 @@ class Host:
             if sid is None:
                 continue
             _kill_group(pid)  # whatever the session left behind in its group
+            self.warm(self.lists.pop(pid, None))
             try:
                 self.send({"id": sid, "exit": os.waitstatus_to_exitcode(status)})
             except OSError:  # the driver is gone

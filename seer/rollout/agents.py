@@ -57,15 +57,16 @@ class AgentSpecError(PluginError):
 class AgentConfig:
     """How agents run (used when `task.agent` is set)."""
 
-    # Per session, from its start to its agent's end; past it the session is killed, scores 0 and
-    # records the error (null: no limit)
-    timeout_s: float | None = 600.0
+    # One session's bound, from its start to its agent's end, model calls included (null: none).
+    # Past it the agent is killed, and the session scores 0 with the error recorded.
+    timeout_s: float | None = 900.0
     max_concurrent: int = 64  # agent sessions running at once on a node; more wait for a slot
-    # Where function agents run: each session its own process, forked from a host without the run's
-    # secrets (contained), or the driver's event loop (cheaper; a blocking agent stalls the rollout)
+    # Where function agents run: own processes without the run's secrets, or the driver's event loop.
+    # "process": each session forked from one agent host (contained); "loop": cheaper, but an agent
+    # that blocks stalls the rollout. Command agents always run as processes.
     mode: Literal["process", "loop"] = "process"
-    # Further variables of seer-run's environment an agent may see (its tools' keys), by name; an
-    # agent gets only the basics (PATH, HOME, locale, Python's) and its session's variables otherwise
+    # More of seer-run's environment variables an agent may see (its tools' keys), by name. Otherwise
+    # an agent sees only the basics (PATH, HOME, locale, Python's) and its session's variables.
     inherit_env: tuple[str, ...] = ()
 
     def problems(self) -> list[tuple[str, str]]:
@@ -122,7 +123,7 @@ class AgentSpec:
 
 def resolve_agent(path: str, args: dict | None = None) -> Any:
     """The `task.agent` function, checked to be async and to take the agent keywords and `args`."""
-    fn = resolve(path, key="task.agent", kind=inspect.iscoroutinefunction, kind_name="async function",
+    fn = resolve(path, key="task.agent", kind=inspect.iscoroutinefunction, kind_name="coroutine function (async def)",
                  error=AgentSpecError)
     try:
         check_arguments(fn, args or {}, key="task.agent_args", given=dict.fromkeys(AGENT_KEYWORDS, ""),

@@ -10,7 +10,8 @@ share a client), and tracing is off. It returns None: the task's reward function
 
 from __future__ import annotations
 
-from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents import (Agent, OpenAIChatCompletionsModel, RunConfig, Runner, ToolsToFinalOutputResult, function_tool,
+                    set_tracing_disabled)
 from openai import AsyncOpenAI
 
 from seer.tasks.agents.calculator_tool import CalculatorTool
@@ -18,27 +19,25 @@ from seer.tasks.agents.calculator_tool import CalculatorTool
 set_tracing_disabled(True)
 
 
-class Slip(Exception):
-    """A calculator call the environment would end the trajectory on."""
+SLIP = "slip"  # the tool's answer to a call the environment would end the trajectory on
+
+
+def stop_on_slip(context, results) -> ToolsToFinalOutputResult:
+    """End the run on a slipped call, as the environment ends the trajectory (the model is not asked again)."""
+    return ToolsToFinalOutputResult(is_final_output=any(r.output == SLIP for r in results), final_output=SLIP)
 
 
 async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str,
                 latency_median_s: float = 0.08, latency_sigma: float = 0.7, max_turns: int = 32) -> None:
     tool = CalculatorTool(record["reference"], latency_median_s, latency_sigma)
 
-    @function_tool(name_override="calc", failure_error_function=None)
+    @function_tool(name_override="calc")
     async def calc(expression: str) -> str:
         """Subtract a digit: 'A-D' answers A minus D, zero-padded to A's width."""
-        answer = await tool(expression)
-        if answer is None:
-            raise Slip(expression)
-        return answer
+        return await tool(expression) or SLIP
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
-        counter = Agent(name="calculator", tools=[calc],
+        counter = Agent(name="calculator", tools=[calc], tool_use_behavior=stop_on_slip,
                         model=OpenAIChatCompletionsModel(model=model, openai_client=client))
-        try:
-            await Runner.run(counter, record["prompt"], max_turns=max_turns, run_config=RunConfig(tracing_disabled=True))
-        except Slip:
-            pass  # the session ends on the slipped call, as the environment ends the trajectory
+        await Runner.run(counter, record["prompt"], max_turns=max_turns, run_config=RunConfig(tracing_disabled=True))
     return None
