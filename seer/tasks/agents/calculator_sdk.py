@@ -15,6 +15,7 @@ from agents import (Agent, OpenAIChatCompletionsModel, RunConfig, Runner, ToolsT
 from openai import AsyncOpenAI
 
 from seer.tasks.agents.calculator_tool import CalculatorTool
+from seer.tasks.env import EnvConfig
 
 set_tracing_disabled(True)
 
@@ -28,7 +29,7 @@ def stop_on_slip(context, results) -> ToolsToFinalOutputResult:
 
 
 async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str,
-                latency_median_s: float = 0.08, latency_sigma: float = 0.7, max_turns: int = 32) -> None:
+                latency_median_s: float = 0.08, latency_sigma: float = 0.7, max_turns: int = EnvConfig.max_turns) -> None:
     tool = CalculatorTool(record["reference"], latency_median_s, latency_sigma)
 
     @function_tool(name_override="calc")
