@@ -22,6 +22,7 @@ single-threaded, so forking it is safe.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import math
 import os
@@ -192,6 +193,7 @@ class Host:
         if self.kind == "function" and self.warmed < WARM_SESSIONS:
             self.warmed += 1
             msg["modules"] = f"{msg['log'] or '/tmp/seer-agent'}.{self.warmed}.modules"
+        gc.freeze()  # the host's objects: never scanned by a session's collector, so their pages stay shared
         pid = os.fork()
         if pid == 0:
             try:

@@ -1,7 +1,7 @@
 """The agent plug point (seer.rollout.agents): an agent's faults cost only its own session.
 
 Real processes throughout: the agent host, its forked sessions, command agents and the process trees
-they start. No vLLM: the agents here either need no gateway or talk to tests/agent/standin.py (the
+they start. No vLLM: the agents here either need no gateway or talk to bench/harness/openai_standin.py (the
 real gateway's own tests run these agents against real instances).
 """
 
@@ -20,7 +20,7 @@ from seer.config import ConfigError, load_config
 from seer.rollout.agents import AgentConfig, AgentRunner, AgentSession, AgentSpec, AgentSpecError
 from seer.tasks.calculator import CalcTaskConfig, generate_problems, score
 
-from .standin import MODEL, Server, StandIn
+from bench.harness.openai_standin import MODEL, Server, StandIn
 
 HERE = Path(__file__).resolve().parent
 TEST_AGENT = "tests.agent.agents_for_tests:agent"

@@ -1,8 +1,10 @@
-"""A stand-in for the gateway in the agent-runner tests: a tiny OpenAI-compatible server whose
-"model" plays the calculator task by rule (the real gateway's tests are tests/rollout/gateway's).
+"""A stand-in for the gateway where the gateway is not the thing measured or tested: a tiny
+OpenAI-compatible server whose "model" plays the calculator task by rule (the agent runner's
+tests, tests/agent/, and bench.agent_runner_cost; the real gateway is tested on real instances).
 
-It runs on its own thread and event loop, so agents on the test's loop, in forked processes and in
-programs reach it alike. Each call's key must be one the test issued (else 401); every call is kept
+It runs on its own thread and event loop (`Server`), so agents on the caller's loop, in forked
+processes and in programs reach it alike; `serve_in_process` runs it in a process of its own, so
+that its work does not share the measured process's interpreter. Each call's key must be one the test issued (else 401); every call is kept
 (`calls`) with the session its key names; `hold_s` keeps each call open that long, and
 `peak_in_flight` is the most calls it ever held at once.
 """
@@ -120,3 +122,28 @@ class Server:
         fut.result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+
+
+def _serve_forever(conn, keys: dict[str, str], hold_s: float) -> None:
+    server = Server(StandIn(keys=keys, hold_s=hold_s))
+    conn.send(server.base_url)
+    conn.recv()  # until the parent says stop (or dies: EOFError)
+
+
+def serve_in_process(keys: dict[str, str], hold_s: float = 0.0):
+    """A `StandIn` accepting `keys` in a spawned process: (its base URL, a function that stops it)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_forever, args=(child, keys, hold_s), daemon=True)
+    proc.start()
+    base_url = parent.recv()
+
+    def stop() -> None:
+        parent.send("stop")
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+    return base_url, stop
