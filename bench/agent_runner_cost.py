@@ -47,7 +47,7 @@ def _memory_kib() -> dict[str, int]:
     return {"uss_kib": fields["Private_Clean"] + fields["Private_Dirty"], "pss_kib": fields["Pss"]}
 
 
-async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str) -> float:
+async def agent(base_url: str, api_key: str, session_id: str, record: dict, model: str | None = None) -> float:
     """The calculator agent; then its own time and its process's memory, written where the record says."""
     t0 = time.monotonic()
     reward = await calculator_agent(base_url=base_url, api_key=api_key, session_id=session_id, record=record,

@@ -2,12 +2,15 @@
 module runs it once per session, contained (docs/agents.md).
 
 An agent is either
-- a `module:function` path: `async def agent(*, base_url, api_key, session_id, record, model,
-  **task.agent_args)`, returning its reward (a number) or None (the task's reward function
-  scores the session's final transcript); or
+- a `module:function` path: `async def agent(base_url, api_key, session_id, record,
+  **task.agent_args)` (and `model`, the served model's name, if it takes one), returning its reward
+  (a number) or None (the task's reward function scores the session's final transcript); or
 - a command line, run once per session with OPENAI_BASE_URL, OPENAI_API_KEY, SEER_SESSION_ID,
   SEER_MODEL, SEER_RECORD (the record as JSON) and SEER_REWARD_FILE (where it may write its reward)
   in its environment.
+
+The record is the task record: {"prompt": its text, "reference": the reference the reward function
+gets, ...}.
 
 Agents are user code: one that crashes, hangs, calls sys.exit, raises KeyboardInterrupt or kills
 its own process costs only its session, which ends after at most `agent.timeout_s` with reward 0
@@ -43,7 +46,8 @@ from seer.procs.environment import agent_inherited
 from seer.rollout.agent_host import call_agent, error_line, frame, read_frames
 from seer.tasks.workers import BOUNDS
 
-AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record", "model")  # what every function agent is given
+AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
+MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -121,6 +125,12 @@ class AgentSpec:
         return shlex.split(self.target)
 
 
+def takes_model(fn: Any) -> bool:
+    """Whether a function agent takes `model` (a parameter of that name, or **kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == MODEL_KEYWORD or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def resolve_agent(path: str, args: dict | None = None) -> Any:
     """The `task.agent` function, checked to be async and to take the agent keywords and `args`."""
     fn = resolve(path, key="task.agent", kind=inspect.iscoroutinefunction, kind_name="coroutine function (async def)",
@@ -139,7 +149,7 @@ class AgentSession:
     base_url: str  # the gateway's /v1 base URL
     api_key: str  # this session's own gateway key
     record: dict  # the task record (prompt text, reference)
-    model: str = ""  # the model name the gateway serves (what the agent puts in `model`)
+    model: str = ""  # the model name the gateway serves (gateway.model_name); "": the agent asks /v1/models
 
 
 @dataclass(frozen=True)
@@ -156,9 +166,11 @@ def session_env(session: AgentSession, reward_file: str) -> dict[str, str]:
     if len(record.encode()) > MAX_RECORD_ENV_BYTES:
         raise ValueError(f"the record is {len(record.encode())} bytes as JSON, over the {MAX_RECORD_ENV_BYTES} "
                          "an environment variable (SEER_RECORD) may hold")
-    return {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key,
-            "SEER_SESSION_ID": session.session_id, "SEER_MODEL": session.model, "SEER_RECORD": record,
-            "SEER_REWARD_FILE": reward_file}
+    out = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key,
+           "SEER_SESSION_ID": session.session_id, "SEER_RECORD": record, "SEER_REWARD_FILE": reward_file}
+    if session.model:
+        out["SEER_MODEL"] = session.model
+    return out
 
 
 def _file_name(session_id: str) -> str:
@@ -187,7 +199,8 @@ class AgentRunner:
             raise ValueError(f"AgentSpec.kind must be 'function' or 'command', got {spec.kind!r}")
         self.spec, self.max_concurrent = spec, max_concurrent
         self.in_process = spec.kind == "command" or spec.mode == "process"
-        self._fn = resolve_agent(spec.target, dict(spec.args)) if spec.kind == "function" and not self.in_process else None
+        self._fn = resolve_agent(spec.target, dict(spec.args)) if spec.kind == "function" else None
+        self._takes_model = self._fn is not None and takes_model(self._fn)
         self._own_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix="seer-agents-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -239,8 +252,11 @@ class AgentRunner:
         return AgentOutcome(0.0 if error else reward, error, wall)
 
     def _kwargs(self, session: AgentSession) -> dict[str, Any]:
-        return {**dict(self.spec.args), "base_url": session.base_url, "api_key": session.api_key,
-                "session_id": session.session_id, "record": session.record, "model": session.model}
+        out = {**dict(self.spec.args), "base_url": session.base_url, "api_key": session.api_key,
+               "session_id": session.session_id, "record": session.record}
+        if self._takes_model and session.model:
+            out[MODEL_KEYWORD] = session.model
+        return out
 
     def _timeout_error(self) -> str:
         return f"TimeoutError: the agent ran past agent.timeout_s ({self.spec.timeout_s:g} s); its session was ended"

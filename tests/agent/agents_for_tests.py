@@ -27,7 +27,7 @@ def environment() -> dict[str, str]:
     return {"proc": raw, "os": json.dumps(dict(os.environ))}
 
 
-async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str) -> float | None:
+async def agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
     do = record["do"]
     if do == "ok":
         return record["reward"]
@@ -61,5 +61,5 @@ async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, m
     raise AssertionError(f"unknown behaviour {do!r}")
 
 
-def not_async(*, base_url, api_key, session_id, record, model):
+def not_async(base_url, api_key, session_id, record):
     return 1.0

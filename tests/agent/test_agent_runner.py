@@ -184,8 +184,9 @@ def calc_sessions(st: StandIn, server: Server, tag: str, n: int) -> list[AgentSe
     out = []
     for i, p in enumerate(problems):
         sid = f"{tag}{i}"
+        # the last session is not told the model's name: the agent asks /v1/models
         out.append(AgentSession(sid, server.base_url, st.key_for(sid), {"prompt": p.text, "reference": p.reference},
-                                MODEL))
+                                MODEL if i < n - 1 else ""))
     return out
 
 

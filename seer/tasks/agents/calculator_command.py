@@ -28,10 +28,11 @@ def main(argv: list[str]) -> None:
     record = json.loads(os.environ["SEER_RECORD"])
     calc = CalculatorTool(record["reference"], args.latency_median_s, args.latency_sigma)
     messages = [{"role": "user", "content": record["prompt"]}]
-    client = OpenAI()
+    client = OpenAI()  # OPENAI_BASE_URL, OPENAI_API_KEY
+    model = os.environ.get("SEER_MODEL") or client.models.list().data[0].id
     reward = None
     while reward is None:
-        choice = client.chat.completions.create(model=os.environ["SEER_MODEL"], messages=messages,
+        choice = client.chat.completions.create(model=model, messages=messages,
                                                 tools=[CALC_TOOL]).choices[0]
         said = choice.message.content or ""
         if not choice.message.tool_calls:

@@ -28,7 +28,7 @@ def stop_on_slip(context, results) -> ToolsToFinalOutputResult:
     return ToolsToFinalOutputResult(is_final_output=any(r.output == SLIP for r in results), final_output=SLIP)
 
 
-async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, model: str,
+async def agent(base_url: str, api_key: str, session_id: str, record: dict, model: str | None = None,
                 latency_median_s: float = 0.08, latency_sigma: float = 0.7, max_turns: int = EnvConfig.max_turns) -> None:
     tool = CalculatorTool(record["reference"], latency_median_s, latency_sigma)
 
@@ -38,6 +38,7 @@ async def agent(*, base_url: str, api_key: str, session_id: str, record: dict, m
         return await tool(expression) or SLIP
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+        model = model or (await client.models.list()).data[0].id  # the one model the gateway serves
         counter = Agent(name="calculator", tools=[calc], tool_use_behavior=stop_on_slip,
                         model=OpenAIChatCompletionsModel(model=model, openai_client=client))
         await Runner.run(counter, record["prompt"], max_turns=max_turns, run_config=RunConfig(tracing_disabled=True))
