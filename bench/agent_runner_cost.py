@@ -85,9 +85,9 @@ async def _run(mode: str, base_url: str, keys: list[str], records: list[dict], c
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=32, help="sessions per measurement (after the warm-up one)")
-    ap.add_argument("--concurrent", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--concurrent", type=int, default=8, help="sessions at once in the concurrent measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every measurement, the modes alternating")
+    ap.add_argument("--out", type=Path, default=OUT, help="where runner_cost.json and .md go")
     args = ap.parse_args(argv)
     problems = generate_problems(CalcTaskConfig(num_prompts=args.sessions + 1, seed=11))
     records = [{"prompt": p.text, "reference": p.reference} for p in problems]

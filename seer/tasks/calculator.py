@@ -135,8 +135,12 @@ class Countdown:
         return self.left
 
 
-def tool_latency_s(median_s: float, sigma: float) -> float:
-    """One calculator call's latency: lognormal (0 when the median is 0)."""
+def tool_latency_s(median_s: float, sigma: float, reference: dict | None = None, call: int = 0) -> float:
+    """Calculator call `call`'s latency (0 for the first): lognormal (0 when the median is 0), or the
+    one recorded for it when the reference holds `latencies` (a benchmark's replay, one per call)."""
+    recorded = (reference or {}).get("latencies")
+    if recorded is not None:
+        return float(recorded[call]) if call < len(recorded) else 0.0
     return random.lognormvariate(math.log(median_s), sigma) if median_s > 0 else 0.0
 
 
@@ -159,7 +163,7 @@ class CalculatorEnv(Environment):
         return self.count.left
 
     def _wait(self) -> None:
-        time.sleep(tool_latency_s(self.latency_median_s, self.latency_sigma))
+        time.sleep(tool_latency_s(self.latency_median_s, self.latency_sigma, self.reference, self.calls))
 
     async def step(self, turn: Turn) -> StepResult:
         if turn.reason == "eos" and turn.text.strip() == "":

@@ -28,11 +28,13 @@ CALC_TOOL = {
 
 class CalculatorTool:
     """One session's calculator. `latency_median_s`, `latency_sigma`: the environment's tool latency
-    (lognormal, awaited: the agent's event loop is not blocked)."""
+    (lognormal, awaited: the agent's event loop is not blocked; recorded ones when the reference
+    holds `latencies`, as the environment's)."""
 
     def __init__(self, reference: dict, latency_median_s: float = 0.08, latency_sigma: float = 0.7) -> None:
-        self.count = Countdown.of(reference)
+        self.reference, self.count = reference, Countdown.of(reference)
         self.latency_median_s, self.latency_sigma = latency_median_s, latency_sigma
+        self.calls = 0
 
     async def __call__(self, expression: str, said: str = "") -> str | None:
         """The answer to `expression`, or None when the call slips and the session must end.
@@ -40,7 +42,8 @@ class CalculatorTool:
         call = self.count.parse(f"{said}<calc>{expression}{CALL_END}")
         if call is None:
             return None
-        await asyncio.sleep(tool_latency_s(self.latency_median_s, self.latency_sigma))
+        await asyncio.sleep(tool_latency_s(self.latency_median_s, self.latency_sigma, self.reference, self.calls))
+        self.calls += 1
         left = self.count.take(*call)
         return None if left is None else f"{left:0{self.count.width}d}"
 
