@@ -266,7 +266,7 @@ class AgentRunner:
     def _get_host(self) -> "_Host":
         with self._host_lock:
             if self._host is None or not self._host.alive:
-                self._host = _Host(self.spec)
+                self._host = _Host(self.spec, self.log_dir / "agent-host.log")
             return self._host
 
     async def _run_in_process(self, session: AgentSession) -> AgentOutcome:
@@ -370,16 +370,17 @@ class _Host:
     """The driver's side of one agent host process (seer.rollout.agent_host): frames out on its
     stdin, frames back read by a thread, which hands each to its session's event loop."""
 
-    def __init__(self, spec: AgentSpec) -> None:
+    def __init__(self, spec: AgentSpec, log: Path) -> None:
         env = agent_inherited(spec.inherit_env)
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
         if spec.kind == "function":  # the host imports the agent from where the driver resolved it
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
-             spec.target if spec.kind == "function" else "-"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            start_new_session=True)
+        self.log = log
+        with open(log, "ab") as err:  # the host's own errors (its sessions log apart)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
+                 spec.target if spec.kind == "function" else "-"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
         self.pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()  # the pending sessions (the reader thread takes it too)
         self._write_lock = threading.Lock()  # frames to the host, one at a time (never held by the reader)
@@ -446,7 +447,7 @@ class _Host:
         self.alive = False
         code = self.proc.wait()
         if not self._ready.is_set():
-            self._ready_error = f"the agent host exited with status {code} while starting"
+            self._ready_error = f"the agent host exited with status {code} while starting" + AgentRunner._quote(self.log)
             self._ready.set()
         with self._lock:
             orphans, self.pending = list(self.pending.values()), {}

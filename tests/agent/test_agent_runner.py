@@ -78,8 +78,22 @@ def test_a_function_agent_that_crashes_hangs_exits_or_dies_costs_only_its_own_se
                 session("junk", do="junk"), session("tree", do="tree", pid_file=str(trees["tree"])),
                 session("leave_tree", do="leave_tree", pid_file=str(trees["leave_tree"])),
                 session("environ", do="environ", out=str(tmp_path / "environ.json"))]
+    cancelled_tree = tmp_path / "cancelled.pids"
+
+    async def with_one_cancelled() -> dict:
+        """A session whose caller gives up (the gateway's rollout at an iteration's end): its run()
+        raises CancelledError and its processes are killed."""
+        victim = asyncio.ensure_future(runner.run(session("cancelled", do="tree", pid_file=str(cancelled_tree))))
+        out = asyncio.ensure_future(run_all(runner, sessions))
+        while len(pids_in(cancelled_tree)) < 3 and not victim.done():
+            await asyncio.sleep(0.05)
+        victim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        return await out
+
     t0 = time.monotonic()
-    out = asyncio.run(run_all(runner, sessions))
+    out = asyncio.run(with_one_cancelled())
     took = time.monotonic() - t0
 
     assert (out["ok1"].reward, out["ok1"].error) == (0.75, None)
@@ -95,10 +109,10 @@ def test_a_function_agent_that_crashes_hangs_exits_or_dies_costs_only_its_own_se
     for sid in ("hang", "block", "tree"):
         assert out[sid].wall_s >= TIMEOUT_S - 0.05
     assert took < TIMEOUT_S + 30, f"the faulty sessions held the others up: {took:.1f} s"
-    assert runner.peak_running == len(sessions)
+    assert runner.peak_running == len(sessions) + 1
 
     # the killed sessions' process trees, and what a finished session left behind, are gone
-    for name, path in trees.items():
+    for name, path in {**trees, "cancelled": cancelled_tree}.items():
         pids = pids_in(path)
         assert len(pids) == 3, (name, pids)  # the session's process, its child, its grandchild
         assert not wait_gone(pids), f"{name}: processes left behind"
