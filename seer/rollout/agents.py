@@ -490,6 +490,8 @@ class _Host:
             _kill_group(self.proc.pid)
             self.proc.wait(timeout=10)
         self._reader.join(timeout=10)
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()
 
 
 def _settle(p: _Pending, code: int | None) -> None:
