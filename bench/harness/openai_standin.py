@@ -122,6 +122,8 @@ class Server:
         fut.result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 def _serve_forever(conn, keys: dict[str, str], hold_s: float) -> None:
