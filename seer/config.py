@@ -20,6 +20,7 @@ import yaml
 from seer.dgds.server.config import DGDSConfig
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.kvpool.config import KVPoolConfig
+from seer.rollout.agents import AgentConfig, AgentSpec, AgentSpecError
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
@@ -115,6 +116,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(**EMBEDDED_MODEL_TRAINER))
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn limits and workers (with task.env)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # timeouts, containment and concurrency (with task.agent)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -329,6 +331,9 @@ def validate(cfg: RunConfig) -> None:
         _require(bool(t.reward) or bool(t.env), "task.reward",
                  "a JSONL dataset needs a reward function 'module:function' (or an environment, task.env)")
     _require(t.env is not None or not t.env_args, "task.env_args", "given without task.env")
+    _require(t.agent is not None or not t.agent_args, "task.agent_args", "given without task.agent")
+    _require(t.agent is None or t.env is None, "task.agent",
+             "an agent plays the task through the gateway instead of an environment: set task.agent or task.env, not both")
     try:  # plug-ins resolve now, not minutes into the run
         if t.loader is not None:
             _require(bool(t.reward) or bool(t.env), "task.reward",
@@ -341,8 +346,13 @@ def validate(cfg: RunConfig) -> None:
         chat_template_text(t.chat_template)
     except (DatasetError, RewardSpecError, EnvSpecError) as e:
         raise ConfigError(str(e)) from None
-    for key, why in cfg.env.problems():
+    for key, why in cfg.env.problems() + cfg.agent.problems():
         raise ConfigError(f"config key {key!r}: {why}")
+    if t.agent is not None:
+        try:
+            AgentSpec.parse(t.agent, cfg.agent.timeout_s, args=t.agent_args, cfg=cfg.agent)
+        except AgentSpecError as e:
+            raise ConfigError(str(e)) from None
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
     for key, why in cfg.logging.problems():
         raise ConfigError(f"config key {key!r}: {why}")

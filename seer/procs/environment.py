@@ -38,3 +38,26 @@ def inherited(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The part of `environ` (default: this process's) that a launched process may see."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k in INHERITED_NAMES or k.startswith(INHERITED_PREFIXES)}
+
+
+# A user's agent (seer.rollout.agents) is code Seer runs but does not own: it gets less than a
+# server does. No SEER_* (SEER_DGDS_TOKEN is a run secret), no VLLM_* (VLLM_API_KEY guards the
+# instances' weight loading), no HF_* (HF_TOKEN), no runtime tuning it has no use for; only what
+# a program needs to start (the basics, Python's, the locale, TLS roots). What an agent is meant
+# to see (its gateway URL and key, its record) is added by the runner; further names only when
+# the run's config names them (agent.inherit_env).
+AGENT_INHERITED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE",
+    "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+    "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+})
+AGENT_INHERITED_PREFIXES = ("LC_",)
+
+
+def agent_inherited(extra_names: tuple[str, ...] = (), environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The part of `environ` (default: this process's) a user's agent may see: the basics above
+    and the names the config lists (`extra_names`), nothing else."""
+    environ = os.environ if environ is None else environ
+    names = AGENT_INHERITED_NAMES | set(extra_names)
+    return {k: v for k, v in environ.items() if k in names or k.startswith(AGENT_INHERITED_PREFIXES)}

@@ -88,50 +88,97 @@ def restated_start_line(reference: dict) -> str:
     return f"start={reference['total']:0{reference['width']}d}\n"
 
 
-class CalculatorEnv(Environment):
-    """The calculator: answers `<calc>A-D</calc>` with `=A-D`; scores when the model stops.
+@dataclass
+class Countdown:
+    """The calculator's rules on one trajectory, whoever drives it: `CalculatorEnv` (model turns as
+    text) or an agent behind the gateway (tool calls, seer.tasks.agents), so both score alike.
 
     Reward 1.0 for a trajectory that reaches zero through correct calls (each starting from the
     last answer, D in 1..9, never below zero) and then ends; otherwise half the share of the total
     taken away before the first slip. A slip ends the trajectory at once.
     """
 
+    total: int
+    width: int
+    left: int = -1  # what is left to count down (the last answer)
+
+    def __post_init__(self) -> None:
+        if self.left < 0:
+            self.left = self.total
+
+    @classmethod
+    def of(cls, reference: dict) -> "Countdown":
+        return cls(int(reference["total"]), int(reference["width"]))
+
+    def partial(self) -> float:
+        """The reward of a trajectory that ends here without finishing."""
+        return 0.5 * (self.total - self.left) / max(self.total, 1)
+
+    def end(self, text: str, ended_with_eos: bool) -> float:
+        """The reward of a turn that calls nothing: 1.0 for EOS with nothing said once at zero."""
+        return 1.0 if ended_with_eos and text.strip() == "" and self.left == 0 else self.partial()
+
+    def parse(self, text: str) -> tuple[int, int] | None:
+        """(A, D) of a turn that is one call `<calc>A-D</calc>` and nothing else while there is
+        something left; None otherwise (the trajectory ends)."""
+        m = _CALL.fullmatch(text.strip())
+        if m is None or self.left == 0:
+            return None
+        return int(m.group(1)), int(m.group(2))
+
+    def take(self, a: int, d: int) -> int | None:
+        """Apply a parsed call: the new value, or None for a slip (not from the last answer, D outside
+        1-9, below zero)."""
+        if a != self.left or not 1 <= d <= 9 or a - d < 0:
+            return None
+        self.left = a - d
+        return self.left
+
+
+def tool_latency_s(median_s: float, sigma: float, reference: dict | None = None, call: int = 0) -> float:
+    """Calculator call `call`'s latency (0 for the first): lognormal (0 when the median is 0), or the
+    one recorded for it when the reference holds `latencies` (a benchmark's replay, one per call)."""
+    recorded = (reference or {}).get("latencies")
+    if recorded is not None:
+        return float(recorded[call]) if call < len(recorded) else 0.0
+    return random.lognormvariate(math.log(median_s), sigma) if median_s > 0 else 0.0
+
+
+class CalculatorEnv(Environment):
+    """The calculator: answers `<calc>A-D</calc>` with `=A-D`; scores when the model stops (`Countdown`)."""
+
     stop = (CALL_END,)
 
     def __init__(self, prompt: str, reference: dict, latency_median_s: float = 0.08, latency_sigma: float = 0.7,
                  fail_every: int = 0) -> None:
         super().__init__(prompt, reference)
-        self.left = int(reference["total"])
-        self.width = int(reference["width"])
+        self.count = Countdown.of(reference)
         self.latency_median_s = latency_median_s
         self.latency_sigma = latency_sigma
         self.fail_every = fail_every  # tests: every n-th call raises (0: never)
         self.calls = 0
 
-    def _partial(self) -> float:
-        total = int(self.reference["total"])
-        return 0.5 * (total - self.left) / max(total, 1)
+    @property
+    def left(self) -> int:
+        return self.count.left
 
     def _wait(self) -> None:
-        if self.latency_median_s > 0:
-            time.sleep(random.lognormvariate(math.log(self.latency_median_s), self.latency_sigma))
+        time.sleep(tool_latency_s(self.latency_median_s, self.latency_sigma, self.reference, self.calls))
 
     async def step(self, turn: Turn) -> StepResult:
-        text = turn.text.strip()
-        if turn.reason == "eos" and text == "":
-            return StepResult(done=True, reward=1.0 if self.left == 0 else self._partial())
-        m = _CALL.fullmatch(text)
-        if m is None or self.left == 0 or turn.reason != "stop_sequence":
-            return StepResult(done=True, reward=self._partial())  # not a call, or a call after zero
-        a, d = int(m.group(1)), int(m.group(2))
+        if turn.reason == "eos" and turn.text.strip() == "":
+            return StepResult(done=True, reward=self.count.end(turn.text, ended_with_eos=True))
+        call = self.count.parse(turn.text) if turn.reason == "stop_sequence" else None
+        if call is None:
+            return StepResult(done=True, reward=self.count.partial())  # not a call, or a call after zero
         self._wait()
         self.calls += 1
         if self.fail_every and self.calls % self.fail_every == 0:
             raise RuntimeError("calculator unavailable")
-        if a != self.left or not 1 <= d <= 9 or a - d < 0:
-            return StepResult(done=True, reward=self._partial())
-        self.left = a - d
-        return StepResult(observation=observation_text(self.left, self.width))
+        left = self.count.take(*call)
+        if left is None:
+            return StepResult(done=True, reward=self.count.partial())
+        return StepResult(observation=observation_text(left, self.count.width))
 
 
 def score(response_text: str, reference: dict) -> float:

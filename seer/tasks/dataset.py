@@ -86,6 +86,10 @@ class TaskConfig:
     env: str | None = None
     # Keyword arguments of the environment's constructor (calculator: latency_median_s, latency_sigma)
     env_args: dict[str, Any] = field(default_factory=dict)
+    # The agent that plays each session through the OpenAI-compatible gateway instead of an
+    # environment (docs/agents.md): "package.module:function" (an async function) or a command line
+    agent: str | None = None
+    agent_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of a function agent
     median_turns: float = CalcTaskConfig.median_turns  # built-in calculator task only: median calculator calls per prompt
     turns_sigma: float = CalcTaskConfig.sigma  # built-in calculator task only: lognormal spread of the turn count
 

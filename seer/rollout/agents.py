@@ -1,0 +1,514 @@
+"""The agent as a plug point: `task.agent` names a program that talks to the gateway, and this
+module runs it once per session, contained (docs/agents.md).
+
+An agent is either
+- a `module:function` path: `async def agent(base_url, api_key, session_id, record,
+  **task.agent_args)` (and `model`, the served model's name, if it takes one), returning its reward
+  (a number) or None (the task's reward function scores the session's final transcript); or
+- a command line, run once per session with OPENAI_BASE_URL, OPENAI_API_KEY, SEER_SESSION_ID,
+  SEER_MODEL, SEER_RECORD (the record as JSON) and SEER_REWARD_FILE (where it may write its reward)
+  in its environment.
+
+The record is the task record: {"prompt": its text, "reference": the reference the reward function
+gets, ...}.
+
+Agents are user code: one that crashes, hangs, calls sys.exit, raises KeyboardInterrupt or kills
+its own process costs only its session, which ends after at most `agent.timeout_s` with reward 0
+and the error recorded; nothing it raises reaches the rollout. With `agent.mode: process` (the
+default) every session runs in its own process, forked from one agent host per run
+(seer.rollout.agent_host) that starts with an allow-listed environment (no run secret), and the
+session's whole process group is killed when it ends; `agent.mode: loop` runs function agents on the
+driver's event loop instead (cheaper, but an agent that blocks stalls the rollout). At most
+`agent.max_concurrent` sessions run at once on a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from seer.plugins import PluginError, check_arguments, resolve
+from seer.procs.environment import agent_inherited
+from seer.rollout.agent_host import call_agent, error_line, frame, read_frames
+from seer.tasks.workers import BOUNDS
+
+AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
+MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
+MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
+HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
+_FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+class AgentSpecError(PluginError):
+    """A `task.agent` that names no usable agent; the message names the key."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How agents run (used when `task.agent` is set)."""
+
+    # One session's bound, from its start to its agent's end, model calls included (null: none).
+    # Past it the agent is killed, and the session scores 0 with the error recorded.
+    timeout_s: float | None = 900.0
+    max_concurrent: int = 64  # agent sessions running at once on a node; more wait for a slot
+    # Where function agents run: own processes without the run's secrets, or the driver's event loop.
+    # "process": each session forked from one agent host (contained); "loop": cheaper, but an agent
+    # that blocks stalls the rollout. Command agents always run as processes.
+    mode: Literal["process", "loop"] = "process"
+    # More of seer-run's environment variables an agent may see (its tools' keys), by name. Otherwise
+    # an agent sees only the basics (PATH, HOME, locale, Python's) and its session's variables.
+    inherit_env: tuple[str, ...] = ()
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            out.append(("agent.timeout_s", f"must be > 0 (or null: no limit), got {self.timeout_s}"))
+        if self.max_concurrent < 1:
+            out.append(("agent.max_concurrent", f"must be >= 1, got {self.max_concurrent}"))
+        bad = [n for n in self.inherit_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        if bad:
+            out.append(("agent.inherit_env", f"not environment variable names: {bad}"))
+        return out
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """An agent as `task.agent` names it: "module:function" or a command line."""
+
+    target: str
+    kind: str  # "function" | "command"
+    timeout_s: float | None  # agent.timeout_s (None: no limit)
+    args: tuple[tuple[str, Any], ...] = ()  # task.agent_args (function agents' extra keywords)
+    mode: str = AgentConfig.mode  # agent.mode
+    inherit_env: tuple[str, ...] = ()  # agent.inherit_env
+
+    @classmethod
+    def parse(cls, value: str, timeout_s: float | None, *, args: dict | None = None,
+              cfg: AgentConfig | None = None) -> "AgentSpec":
+        """`task.agent` read and checked: a function path (resolved: an async function taking the
+        agent keywords and `args`) or a command line (its program found on PATH)."""
+        if not isinstance(value, str) or not value.strip():
+            raise AgentSpecError("task.agent must be 'package.module:function' or a command line")
+        cfg = cfg or AgentConfig(timeout_s=timeout_s)
+        extra = tuple(sorted((args or {}).items()))
+        if _FUNCTION_PATH.fullmatch(value.strip()):
+            resolve_agent(value.strip(), args)
+            return cls(value.strip(), "function", timeout_s, extra, cfg.mode, tuple(cfg.inherit_env))
+        if args:
+            raise AgentSpecError("task.agent_args: a command-line agent takes no keyword arguments (put them "
+                                 "on its command line)")
+        try:
+            argv = shlex.split(value)
+        except ValueError as e:
+            raise AgentSpecError(f"task.agent {value!r}: not a command line ({e})") from None
+        if shutil.which(argv[0]) is None:
+            raise AgentSpecError(f"task.agent {value!r}: {argv[0]!r} is not an executable on PATH (nor a "
+                                 "'package.module:function' path)")
+        return cls(value, "command", timeout_s, (), cfg.mode, tuple(cfg.inherit_env))
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.target)
+
+
+def takes_model(fn: Any) -> bool:
+    """Whether a function agent takes `model` (a parameter of that name, or **kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == MODEL_KEYWORD or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def resolve_agent(path: str, args: dict | None = None) -> Any:
+    """The `task.agent` function, checked to be async and to take the agent keywords and `args`."""
+    fn = resolve(path, key="task.agent", kind=inspect.iscoroutinefunction, kind_name="coroutine function (async def)",
+                 error=AgentSpecError)
+    try:
+        check_arguments(fn, args or {}, key="task.agent_args", given=dict.fromkeys(AGENT_KEYWORDS, ""),
+                        fn_key="task.agent")
+    except PluginError as e:
+        raise AgentSpecError(str(e)) from None
+    return fn
+
+
+@dataclass(frozen=True)
+class AgentSession:
+    session_id: str
+    base_url: str  # the gateway's /v1 base URL
+    api_key: str  # this session's own gateway key
+    record: dict  # the task record (prompt text, reference)
+    model: str = ""  # the model name the gateway serves (gateway.model_name); "": the agent asks /v1/models
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    reward: float | None  # None: leave it to the task's reward function on the final transcript
+    error: str | None
+    wall_s: float
+    log: str | None = None  # the session's stdout and stderr (process mode), kept when the runner has a log_dir
+
+
+def session_env(session: AgentSession, reward_file: str) -> dict[str, str]:
+    """What a command agent's session adds to its allow-listed environment."""
+    record = json.dumps(session.record, default=str)
+    if len(record.encode()) > MAX_RECORD_ENV_BYTES:
+        raise ValueError(f"the record is {len(record.encode())} bytes as JSON, over the {MAX_RECORD_ENV_BYTES} "
+                         "an environment variable (SEER_RECORD) may hold")
+    out = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key,
+           "SEER_SESSION_ID": session.session_id, "SEER_RECORD": record, "SEER_REWARD_FILE": reward_file}
+    if session.model:
+        out["SEER_MODEL"] = session.model
+    return out
+
+
+def _file_name(session_id: str) -> str:
+    return re.sub(r"[^\w.-]", "_", session_id)[:200] or "session"
+
+
+def _tail(path: Path, lines: int = 5, chars: int = 600) -> str:
+    try:
+        text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:]).strip()
+    except OSError:
+        return ""
+    return text[-chars:]
+
+
+class AgentRunner:
+    """Runs the agent once per session: bounded (`max_concurrent`), timed (`spec.timeout_s`), contained.
+
+    `log_dir`: where each session's stdout and stderr go (`<session id>.log`; process mode); None:
+    a temporary directory, removed by close() (an error still quotes the log's last lines).
+    """
+
+    def __init__(self, spec: AgentSpec, max_concurrent: int, *, log_dir: str | os.PathLike | None = None) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if spec.kind not in ("function", "command"):
+            raise ValueError(f"AgentSpec.kind must be 'function' or 'command', got {spec.kind!r}")
+        self.spec, self.max_concurrent = spec, max_concurrent
+        self.in_process = spec.kind == "command" or spec.mode == "process"
+        self._fn = resolve_agent(spec.target, dict(spec.args)) if spec.kind == "function" else None
+        self._takes_model = self._fn is not None and takes_model(self._fn)
+        self._own_dir = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="seer-agents-") if log_dir is None else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._host: _Host | None = None
+        self._host_lock = threading.Lock()
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self.running = 0  # sessions running now
+        self.peak_running = 0  # the most that ever ran at once
+        self.closed = False
+
+    def slots(self) -> asyncio.Semaphore:
+        """The session slots, one set per event loop (the driver runs an asyncio.run per iteration)."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.max_concurrent))
+        return self._slots[1]
+
+    async def run(self, session: AgentSession) -> AgentOutcome:
+        """Run the agent for one session. Its faults are the outcome's error (reward 0), never raised;
+        cancelling this call kills the session's processes and passes the cancellation on."""
+        if self.closed:
+            raise RuntimeError("AgentRunner.run after close()")
+        async with self.slots():
+            self.running += 1
+            self.peak_running = max(self.peak_running, self.running)
+            try:
+                if self.in_process:
+                    return await self._run_in_process(session)
+                return await self._run_in_loop(session)
+            finally:
+                self.running -= 1
+
+    # ---- in the driver's event loop ----------------------------------------------------------
+
+    async def _run_in_loop(self, session: AgentSession) -> AgentOutcome:
+        t0 = time.monotonic()
+        kwargs = self._kwargs(session)
+        task = asyncio.ensure_future(call_agent(self._fn, kwargs))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.spec.timeout_s)
+        except BaseException:
+            task.cancel()
+            raise
+        wall = time.monotonic() - t0
+        if not done:  # cancelled, not awaited: an agent that ignores its cancellation is left behind
+            task.cancel()
+            return AgentOutcome(0.0, self._timeout_error(), wall)
+        reward, error = task.result()
+        return AgentOutcome(0.0 if error else reward, error, wall)
+
+    def _kwargs(self, session: AgentSession) -> dict[str, Any]:
+        out = {**dict(self.spec.args), "base_url": session.base_url, "api_key": session.api_key,
+               "session_id": session.session_id, "record": session.record}
+        if self._takes_model and session.model:
+            out[MODEL_KEYWORD] = session.model
+        return out
+
+    def _timeout_error(self) -> str:
+        return f"TimeoutError: the agent ran past agent.timeout_s ({self.spec.timeout_s:g} s); its session was ended"
+
+    # ---- in a process of its own ---------------------------------------------------------------
+
+    def _get_host(self) -> "_Host":
+        with self._host_lock:
+            if self._host is None or not self._host.alive:
+                self._host = _Host(self.spec, self.log_dir / "agent-host.log")
+            return self._host
+
+    async def _run_in_process(self, session: AgentSession) -> AgentOutcome:
+        host = self._get_host()
+        ready = await host.wait_ready()
+        if ready is not None:
+            return AgentOutcome(0.0, ready, 0.0)
+        name = _file_name(session.session_id)
+        log = self.log_dir / f"{name}.log"
+        reward_file = self.log_dir / f"{name}.reward"
+        msg: dict[str, Any] = {"op": "start", "id": session.session_id, "log": str(log)}
+        try:
+            if self.spec.kind == "command":
+                msg.update(argv=self.spec.argv, env=session_env(session, str(reward_file)))
+            else:
+                msg.update(kwargs=self._kwargs(session))
+            pending = host.start(session.session_id, msg)
+        except Exception as e:  # a record that does not pickle or fit the environment, a host that died
+            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log))
+        t0 = time.monotonic()
+        try:
+            done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
+        except BaseException:
+            host.kill(session.session_id)
+            raise
+        wall = time.monotonic() - t0
+        if not done:
+            host.kill(session.session_id)
+            return AgentOutcome(0.0, self._timeout_error(), wall, str(log))
+        code = pending.exited.result()
+        reward, error = pending.result
+        if self.spec.kind == "command":
+            reward, error = self._command_result(code, reward_file, log)
+        elif pending.result == _NO_RESULT:
+            error = _exit_error(code) + self._quote(log)
+        return AgentOutcome(0.0 if error else reward, error, wall, str(log))
+
+    def _command_result(self, code: int | None, reward_file: Path, log: Path) -> tuple[float | None, str | None]:
+        if code != 0:
+            return None, _exit_error(code) + self._quote(log)
+        try:
+            text = reward_file.read_text().strip()
+        except FileNotFoundError:
+            return None, None
+        except OSError as e:
+            return None, f"reading its reward ({reward_file.name}): {e}"
+        finally:
+            reward_file.unlink(missing_ok=True)
+        if not text:
+            return None, None
+        try:
+            value = float(json.loads(text))
+        except (ValueError, TypeError):
+            return None, f"it wrote {text[:100]!r} as its reward; expected a number"
+        if value != value or value in (float("inf"), float("-inf")):
+            return None, f"it wrote {text[:100]!r} as its reward; expected a finite number"
+        return value, None
+
+    @staticmethod
+    def _quote(log: Path) -> str:
+        tail = _tail(log)
+        return f"; its output ended: {tail}" if tail else ""
+
+    async def close(self) -> None:
+        """Stop the host and every session still running (their process groups killed)."""
+        self.closed = True
+        with self._host_lock:
+            host, self._host = self._host, None
+        if host is not None:
+            await asyncio.get_running_loop().run_in_executor(None, host.stop)
+        if self._own_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+_NO_RESULT = (None, "__no_result__")
+
+
+def _exit_error(code: int | None) -> str:
+    if code is None:
+        return "the agent host exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the agent's process was killed by {name}"
+    return f"the agent's process exited with status {code} before it returned"
+
+
+@dataclass
+class _Pending:
+    """One session in the host: its process, the result it reported, and the future of its exit."""
+
+    loop: asyncio.AbstractEventLoop
+    exited: asyncio.Future  # its exit code (None: the host is gone)
+    pid: int | None = None
+    result: tuple[float | None, str | None] = _NO_RESULT
+
+
+class _Host:
+    """The driver's side of one agent host process (seer.rollout.agent_host): frames out on its
+    stdin, frames back read by a thread, which hands each to its session's event loop."""
+
+    def __init__(self, spec: AgentSpec, log: Path) -> None:
+        env = agent_inherited(spec.inherit_env)
+        env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
+        if spec.kind == "function":  # the host imports the agent from where the driver resolved it
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.log = log
+        with open(log, "ab") as err:  # the host's own errors (its sessions log apart)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
+                 spec.target if spec.kind == "function" else "-"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        self.pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()  # the pending sessions (the reader thread takes it too)
+        self._write_lock = threading.Lock()  # frames to the host, one at a time (never held by the reader)
+        self._ready = threading.Event()
+        self._ready_error: str | None = None
+        self.alive = True
+        self._reader = threading.Thread(target=self._read, name="seer-agent-host", daemon=True)
+        self._reader.start()
+
+    async def wait_ready(self) -> str | None:
+        """None once the host has imported the agent, else why it cannot run sessions."""
+        if not self._ready.is_set():
+            ok = await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, HOST_START_S)
+            if not ok:
+                return f"the agent host did not start within {HOST_START_S:g} s"
+        return self._ready_error
+
+    def start(self, sid: str, msg: dict) -> _Pending:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if sid in self.pending:
+                raise ValueError(f"session {sid!r} is already running")
+            p = self.pending[sid] = _Pending(loop, loop.create_future())
+        try:
+            self._send(msg)
+        except BaseException:
+            with self._lock:
+                self.pending.pop(sid, None)
+            raise
+        return p
+
+    def kill(self, sid: str) -> None:
+        """Kill a session's process group (the host does it; it knows whether it reaped it already)."""
+        try:
+            self._send({"op": "kill", "id": sid})
+        except OSError:
+            pass
+        with self._lock:
+            p = self.pending.pop(sid, None)
+        if p is not None and not self.alive and p.pid is not None:  # nobody reaps it: kill it from here
+            _kill_group(p.pid)
+
+    def _send(self, msg: dict) -> None:
+        data = frame(msg)
+        with self._write_lock:
+            if not self.alive or self.proc.stdin is None:
+                raise OSError("the agent host has exited")
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+
+    def _read(self) -> None:
+        buf = bytearray()
+        out = self.proc.stdout
+        while True:
+            try:
+                data = out.read1(1 << 16) if out is not None else b""
+            except (OSError, ValueError):
+                data = b""
+            if not data:
+                break
+            buf += data
+            for msg in read_frames(buf):
+                self._dispatch(msg)
+        self.alive = False
+        code = self.proc.wait()
+        if not self._ready.is_set():
+            self._ready_error = f"the agent host exited with status {code} while starting" + AgentRunner._quote(self.log)
+            self._ready.set()
+        with self._lock:
+            orphans, self.pending = list(self.pending.values()), {}
+        for p in orphans:  # its sessions' processes die with it (PR_SET_PDEATHSIG); their groups too
+            if p.pid is not None:
+                _kill_group(p.pid)
+            _settle(p, None)
+
+    def _dispatch(self, msg: dict) -> None:
+        if "ready" in msg:
+            self._ready_error = msg.get("error")
+            self._ready.set()
+            return
+        with self._lock:
+            p = self.pending.get(msg["id"])
+            if p is None:
+                return
+            if "pid" in msg:
+                p.pid = msg["pid"]
+            elif "result" in msg:
+                p.result = (msg["result"], msg["error"])
+            elif "exit" in msg:
+                self.pending.pop(msg["id"], None)
+        if "exit" in msg:
+            _settle(p, msg["exit"])
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        try:
+            self._send({"op": "stop"})
+        except OSError:
+            pass
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc.pid)
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()
+
+
+def _settle(p: _Pending, code: int | None) -> None:
+    def set_() -> None:
+        if not p.exited.done():
+            p.exited.set_result(code)
+
+    try:
+        p.loop.call_soon_threadsafe(set_)
+    except RuntimeError:  # its event loop has closed: nobody waits for it
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
