@@ -20,6 +20,7 @@ import yaml
 from seer.dgds.server.config import DGDSConfig
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.kvpool.config import KVPoolConfig
+from seer.rollout.gateway.config import AgentConfig, GatewayConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
@@ -115,6 +116,8 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(**EMBEDDED_MODEL_TRAINER))
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn limits and workers (with task.env)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # how task.agent's agents run
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)  # the OpenAI-compatible server (with task.agent)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -341,8 +344,11 @@ def validate(cfg: RunConfig) -> None:
         chat_template_text(t.chat_template)
     except (DatasetError, RewardSpecError, EnvSpecError) as e:
         raise ConfigError(str(e)) from None
-    for key, why in cfg.env.problems():
+    for key, why in [*cfg.env.problems(), *cfg.agent.problems(), *cfg.gateway.problems()]:
         raise ConfigError(f"config key {key!r}: {why}")
+    if t.agent is not None:
+        _require(":" in t.agent and " " not in t.agent.strip(), "task.agent",
+                 f"must name an async function 'module:function', got {t.agent!r}")
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
     for key, why in cfg.logging.problems():
         raise ConfigError(f"config key {key!r}: {why}")

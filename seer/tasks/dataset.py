@@ -85,6 +85,10 @@ class TaskConfig:
     env: str | None = None
     # Keyword arguments of the environment's constructor (calculator: latency_median_s, latency_sigma)
     env_args: dict[str, Any] = field(default_factory=dict)
+    # The agent that runs each session through the OpenAI-compatible gateway, "module:function" (an
+    # async function of base_url, api_key, session_id, record); setting it selects the gateway rollout
+    # (seer.rollout.gateway, docs/agents-gateway.md) instead of task.env's
+    agent: str | None = None
     median_turns: float = 4.0  # built-in calculator task only: median calculator calls per prompt
     turns_sigma: float = 0.7  # built-in calculator task only: lognormal spread of the turn count
 

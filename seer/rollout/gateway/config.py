@@ -1,0 +1,41 @@
+"""The gateway's and the agents' config sections (light: the run config imports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The `gateway` section: where the server listens and what one request may weigh."""
+
+    host: str | None = None  # None: the driver's cluster address (cluster.node_ip), as the KV master's
+    port: int = 0  # 0: a free port, named to each agent in its base URL
+    max_request_bytes: int = 4 << 20  # a request body past this is refused (413) before it is parsed
+    model_name: str = "seer-policy"  # the one model /v1/models lists and every call must name
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if not 0 <= self.port < 65536:
+            out.append(("gateway.port", f"must be in 0..65535, got {self.port}"))
+        if self.max_request_bytes < 1024:
+            out.append(("gateway.max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}"))
+        if not self.model_name:
+            out.append(("gateway.model_name", "must be non-empty"))
+        return out
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The `agent` section (with task.agent): how agents run."""
+
+    timeout_s: float = 600.0  # one session's agent, whole; past it the session ends with reward 0 and the error
+    max_concurrent: int = 64  # agents running at once on the driver's node
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if not self.timeout_s > 0:
+            out.append(("agent.timeout_s", f"must be > 0, got {self.timeout_s}"))
+        if self.max_concurrent < 1:
+            out.append(("agent.max_concurrent", f"must be >= 1, got {self.max_concurrent}"))
+        return out
