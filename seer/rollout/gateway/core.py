@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,7 @@ class Call:
     tools: list[dict] | None = None
     index: int = -1
     cancelled: bool = False
+    gone: Callable[[], Awaitable[bool]] | None = None  # whether its client has disconnected
     matcher: StopMatcher | None = None
     plan: Plan | None = None
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -206,8 +207,11 @@ class Gateway:
                            param="stop")
         return mt, tuple(stop)
 
-    def submit(self, s: Session, call: Call) -> None:
-        if s.busy():
+    async def submit(self, s: Session, call: Call) -> None:
+        for old in (s.pending, s.call):  # an agent that timed out and retried at once: its old call is gone
+            if old is not None and old.gone is not None and not old.cancelled and await old.gone():
+                self.cancel(s, old)
+        if s.busy() and not (s.call is not None and s.call.cancelled and s.pending is None):
             raise ApiError(409, f"session {s.id} already has a call in progress: a session's calls are sequential",
                            code="session_busy")
         call.index = s.calls

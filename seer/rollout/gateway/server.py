@@ -17,6 +17,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from fastapi import Request  # module level: the handlers' annotations resolve here
+
 from seer.model.chat import ChatFormatError, Reply, text_of
 from seer.rollout.gateway.core import ApiError, Call, Gateway, Session, TurnResult
 
@@ -30,7 +32,7 @@ def _error(e: ApiError):
 
 
 def build_app(gw: Gateway):
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -123,7 +125,8 @@ def build_app(gw: Gateway):
         except ChatFormatError as e:
             raise ApiError(400, str(e), param=e.param or "messages") from None
         call = Call("chat", text, max_tokens, stop, format_stop, messages=messages, tools=tools)
-        gw.submit(s, call)
+        call.gone = request.is_disconnected
+        await gw.submit(s, call)
         want_lp = bool(body.get("logprobs"))
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -150,7 +153,8 @@ def build_app(gw: Gateway):
         if body.get("echo") or body.get("suffix"):
             raise ApiError(400, "echo and suffix are not served", param="echo")
         call = Call("completion", prompt, max_tokens, stop, ())
-        gw.submit(s, call)
+        call.gone = request.is_disconnected
+        await gw.submit(s, call)
         if body.get("stream"):
             return StreamingResponse(_stream_completion(gw, request, s, call, lp is not None, wait),
                                      media_type="text/event-stream")
