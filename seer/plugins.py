@@ -1,6 +1,6 @@
 """Plug points named by `module:object` paths: `task.reward` (a function), `task.loader` (a
-function), `task.env` (an Environment class), `scheduler.policy` (a Policy class) and
-`rollout.function` (a RolloutFunction, seer.rollout.base).
+function), `task.env` (an Environment class), `task.agent` (an async agent function, served by the gateway),
+`scheduler.policy` (a Policy class) and `rollout.function` (a RolloutFunction, seer.rollout.base).
 
 One resolver for every plug point, so that each failure reads the same way and names its
 config key: a path of the wrong form, a module that does not import, an attribute it lacks,

@@ -150,3 +150,36 @@ async def impatient_agent(base_url: str, api_key: str, session_id: str, record: 
         except httpx.TimeoutException:
             pass
     return await calc_agent(base_url, api_key, session_id, record)
+
+
+# Longer than one KV block (128 tokens on vLLM's CPU backend): only full blocks go to the pool, so a
+# session's history must fill one for a moved turn to load it from there.
+SYSTEM = ("You count down to zero with the calculator tool. Call it with the current value and a digit, "
+          "as in 0023-8, then continue from the value it returns. Stop once it returns zero.\n") * 2
+
+
+async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """seer-run's test agent (any model, even an untrained one): three calls of a system prompt, the
+    task and the calculator tool; a reply without a tool call gets a user nudge. Sessions s1 edit
+    their history before the third call (they drop the first exchange): a branch."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": record["prompt"]}]
+    try:
+        for step in range(3):
+            if step == 2 and session_id.endswith("-s1"):
+                messages = messages[:2] + messages[4:]
+            r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL], max_tokens=10,
+                                                     logprobs=True)
+            choice = r.choices[0]
+            assert choice.logprobs is not None and len(choice.logprobs.content) == r.usage.completion_tokens
+            msg = choice.message.model_dump(exclude_none=True)
+            messages.append(msg)
+            if msg.get("tool_calls"):
+                messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "0001"})
+            else:
+                messages.append({"role": "user", "content": "\ngo on\n"})
+        return None  # the task's reward function scores the final transcript
+    finally:
+        await client.close()

@@ -262,7 +262,7 @@ async def _stream_completion(gw: Gateway, request, s: Session, call: Call, logpr
 class GatewayServer:
     """uvicorn serving `build_app(gw)` on the run's event loop."""
 
-    def __init__(self, gw: Gateway, host: str, port: int = 0) -> None:
+    def __init__(self, gw: Gateway, host: str, port: int | None = None) -> None:
         self.gw, self.host, self.port = gw, host, port
         self._server = None
         self._task: asyncio.Task | None = None
@@ -270,7 +270,7 @@ class GatewayServer:
     async def start(self) -> str:
         import uvicorn
 
-        config = uvicorn.Config(build_app(self.gw), host=self.host, port=self.port, log_level="warning",
+        config = uvicorn.Config(build_app(self.gw), host=self.host, port=self.port or 0, log_level="warning",
                                 lifespan="off", access_log=False, limit_concurrency=4096,
                                 timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
