@@ -346,9 +346,6 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
     for key, why in [*cfg.env.problems(), *cfg.agent.problems(), *cfg.gateway.problems()]:
         raise ConfigError(f"config key {key!r}: {why}")
-    if t.agent is not None:
-        _require(":" in t.agent and " " not in t.agent.strip(), "task.agent",
-                 f"must name an async function 'module:function', got {t.agent!r}")
     _require(t.num_prompts >= 1, "task.num_prompts", f"must be >= 1, got {t.num_prompts}")
     for key, why in cfg.logging.problems():
         raise ConfigError(f"config key {key!r}: {why}")
