@@ -80,7 +80,7 @@ def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_mov
             assert [generated[(tuple(full[:p]), tok)] for p, tok in model] == s["logprobs"]
             assert [x for x, m in zip(t["rollout_logprobs"], s["loss_mask"]) if m] == s["logprobs"]
         branched = [s for s in samples if s["session"].endswith("-s1")]
-        assert len(branched) == 2 and branched[0]["path"] == [0, 1] and branched[1]["path"] == [0, 2]
+        assert len(branched) == 2 and branched[0]["path"] == [0, 1] and branched[1]["path"] == [2]  # call 0 dropped
         assert len({t["advantage"] for t, s in zip(train, samples) if s["session"].endswith("-s1")}) == 1
         assert rec["extra"]["gateway_branches"] == 1 and rec["extra"]["agent_errors"] == 0
         assert rec["extra"]["gateway_calls"] == 6
