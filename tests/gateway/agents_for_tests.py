@@ -183,3 +183,26 @@ async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) 
         return None  # the task's reward function scores the final transcript
     finally:
         await client.close()
+
+
+async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """The calculator over /v1/completions: the agent keeps the transcript as text and appends results."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    text, left = record["prompt"], int(record["reference"]["total"])
+    try:
+        for _ in range(20):
+            r = await client.completions.create(model=MODEL, prompt=text, max_tokens=32, stop=["</calc>"], logprobs=1)
+            out = r.choices[0].text
+            assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+            text += out
+            m = re.search(r"<calc>(\d+-\d+)$", out)  # the stop string is not in the text (OpenAI's rule)
+            value = calculator(m.group(1), left) if m else None
+            if value is None:
+                return None
+            left = int(value)
+            text += f"={value}\n"
+        return None
+    finally:
+        await client.close()

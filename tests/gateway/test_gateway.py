@@ -242,3 +242,13 @@ def test_the_embedded_format_renders_the_calculator_and_refuses_tools_it_cannot_
     with pytest.raises(ChatFormatError):
         fmt.check_tools([{"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"a": {"type": "integer"}}}}}])
+
+
+def test_completions_calls_continue_the_session_token_exact():
+    prompts = calc_prompts([10])
+    (chat,), _, _ = asyncio.run(run_gateway("calc_agent", prompts, group_size=1))
+    (plain,), gw, _ = asyncio.run(run_gateway("completions_agent", prompts, group_size=1))
+    s = plain.samples[0]
+    # the agent's stop string is kept in the tokens (the model wrote it), so the same trajectory
+    assert s.response_ids == chat.samples[0].response_ids and s.loss_mask == chat.samples[0].loss_mask
+    assert s.reward == 1.0 and plain.stats.extra["gateway_branches"] == 0

@@ -302,13 +302,13 @@ class Gateway:
         text = self.decode_all(ids)
         if text.endswith(self.eos_text):
             text = text[: -len(self.eos_text)]
-        result = TurnResult(ids, lps, end.reason, call.plan.context_tokens if call.plan else 0, text)
+        shown = text
+        for st in call.stop:  # the agent's own stop strings are not part of the reply (OpenAI's rule); the
+            if end.reason == "stop_sequence" and shown.endswith(st):  # tokens keep them: the model wrote them
+                shown = shown[: -len(st)]
+                break
+        result = TurnResult(ids, lps, end.reason, call.plan.context_tokens if call.plan else 0, shown)
         if call.kind == "chat":
-            shown = text
-            for st in call.stop:  # the agent's own stop strings are not part of the reply (OpenAI's rule)
-                if end.reason == "stop_sequence" and shown.endswith(st):
-                    shown = shown[: -len(st)]
-                    break
             try:
                 result.reply = self.fmt.parse(shown, call.tools)
             except Exception as e:  # a tool call the parser cannot read: returned as plain content
@@ -323,7 +323,7 @@ class Gateway:
             else:
                 s.path.delivered = len(s.path.ids)
         else:
-            s.path.deliver(call.text + self.decode_all(ids), call.index)
+            s.path.deliver(call.text + shown, call.index)
         call.result.set_result(result)
 
     def agent_finished(self, s: Session) -> None:

@@ -12,17 +12,31 @@ as a leaf (a sample of its own; docs/agents-gateway.md, "Branches").
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 @dataclass(frozen=True)
 class Point:
-    """A place on the path a call may continue from: the conversation text rendered up to it."""
+    """A place on the path a call may continue from: the conversation text rendered up to it, kept
+    as its length and digest (a session's memory grows with its tokens, not with calls x context)."""
 
-    text: str
+    chars: int
+    digest: bytes
     at: int  # path tokens up to here
     calls: tuple[int, ...]  # the calls whose replies lie on the path before here
+
+    @classmethod
+    def of(cls, text: str, at: int, calls: tuple[int, ...]) -> Point:
+        return cls(len(text), _digest(text), at, calls)
+
+    def starts(self, text: str) -> bool:
+        return len(text) >= self.chars and _digest(text[:self.chars]) == self.digest
 
 
 @dataclass(frozen=True)
@@ -54,15 +68,15 @@ class SessionPath:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    points: list[Point] = field(default_factory=lambda: [Point("", 0, ())])
+    points: list[Point] = field(default_factory=lambda: [Point.of("", 0, ())])
     delivered: int = 0  # path tokens up to the end of the last reply its agent received
     delivered_calls: tuple[int, ...] = ()
     branches: int = 0  # calls that continued from an earlier point than the path's end
 
     def plan(self, text: str, encode: Callable[[str], list[int]]) -> Plan:
         """Match a call's rendered text against the path (no change until `apply`)."""
-        point = max((p for p in self.points if text.startswith(p.text)), key=lambda p: (len(p.text), p.at))
-        new_ids = tuple(encode(text[len(point.text):])) if len(text) > len(point.text) else ()
+        point = max((p for p in self.points if p.starts(text)), key=lambda p: (p.chars, p.at))
+        new_ids = tuple(encode(text[point.chars:])) if len(text) > point.chars else ()
         rewind = None if point.at == len(self.ids) else point.at
         leaf = None
         if rewind is not None and self.delivered > point.at:
@@ -83,7 +97,7 @@ class SessionPath:
             self.delivered_calls = plan.point.calls
         self.ids.extend(plan.new_ids)
         self.mask.extend([0] * len(plan.new_ids))
-        self.points.append(Point(text, len(self.ids), plan.point.calls))
+        self.points.append(Point.of(text, len(self.ids), plan.point.calls))
 
     def rewind(self, at: int) -> None:
         del self.logprobs[sum(self.mask[:at]):]
@@ -104,4 +118,4 @@ class SessionPath:
         """The agent received the turn just added: the conversation including it is a point."""
         calls = (*self.points[-1].calls, call)
         self.delivered, self.delivered_calls = len(self.ids), calls
-        self.points.append(Point(text_after, len(self.ids), calls))
+        self.points.append(Point.of(text_after, len(self.ids), calls))
