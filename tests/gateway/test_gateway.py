@@ -252,3 +252,20 @@ def test_completions_calls_continue_the_session_token_exact():
     # the agent's stop string is kept in the tokens (the model wrote it), so the same trajectory
     assert s.response_ids == chat.samples[0].response_ids and s.loss_mask == chat.samples[0].loss_mask
     assert s.reward == 1.0 and plain.stats.extra["gateway_branches"] == 0
+
+
+def test_a_checkpoint_with_its_own_template_renders_with_it_and_reads_calls_with_vllms_parser_of_its_family():
+    from seer.model.chat import HFChat, chat_format
+
+    tok = build_tokenizer(4096)
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+                         "<tool_call>{{ c.function.arguments }}</tool_call>{% endfor %}\n{% endfor %}"
+                         "{% if tools %}[{{ tools | length }} tools]{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    fmt = chat_format(tok, "qwen3")
+    assert isinstance(fmt, HFChat) and fmt.parser_name == "hermes"
+    assert fmt.render([{"role": "user", "content": "hi"}], [agents.CALC_TOOL], True) == "<|user|>hi[1 tools]<|assistant|>"
+    reply = fmt.parse('ok <tool_call>\n{"name": "calc", "arguments": {"expression": "1-1"}}\n</tool_call>',
+                      [agents.CALC_TOOL])
+    assert reply.content.strip() == "ok" and reply.tool_calls[0].name == "calc"
+    assert reply.tool_calls[0].arguments == '{"expression": "1-1"}'
