@@ -193,7 +193,7 @@ def test_bad_calls_get_openai_errors_and_cost_nothing_but_themselves():
     for what, _, err in got[:-1]:
         assert set(err) == {"message", "type", "param", "code"}, what
     s = batch.samples[0]  # the session itself went on: all its bad calls were refused before any turn
-    assert s.reward == 1.0 and s.turns == len([w for w in status if w == "over-long"]) + 3 - 1 + 1 or s.reward == 1.0
+    assert s.reward == 1.0 and s.turns >= 2 and not s.reward_error
     assert s.prompt.prompt_ids == encode(s.prompt.text)
 
 

@@ -236,7 +236,24 @@ class Gateway:
 
     # ---- turns (the rollout's side) --------------------------------------------------------------
     async def on_turn_end(self, end: TurnEnd, start_agent: Callable[[Session], None]) -> TurnReply:
-        """The driver's turn callback: deliver the turn to its call, then wait for the next call."""
+        """The driver's turn callback (it must not raise): a fault of ours ends only this session."""
+        try:
+            return await self._on_turn_end(end, start_agent)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("gateway: session of %s", end.request.request_id)
+            s = self.by_request.get(end.request.request_id)
+            if s is not None:
+                s.ended = True
+                s.errors.append(f"gateway error: {e!r}")
+                for c in (s.pending, s.call):
+                    if c is not None and not c.result.done():
+                        c.result.set_exception(ApiError(500, f"internal gateway error: {e!r}", "server_error"))
+            return TurnReply(done=True, finish_reason="error")
+
+    async def _on_turn_end(self, end: TurnEnd, start_agent: Callable[[Session], None]) -> TurnReply:
+        """Deliver the turn to its call, then wait for the session's next call (or its agent's end)."""
         s = self.by_request[end.request.request_id]
         s.request = end.request
         if end.turn == 0:

@@ -97,7 +97,7 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
         cut = split_prompt(ids, mask)
         sample.prompt = replace(runs[sample.request_id].prompt, prompt_ids=ids[:cut])
         sample.response_ids, sample.loss_mask = ids[cut:], mask[cut:]
-        sample.turns = s.calls
+        sample.turns = len(s.path.delivered_calls)
         sample.branch = Branch(s.id, s.path.delivered_calls)
         sample.response_text = ctx.decode(sample.response_ids) if ctx.decode else ""
         finals[sample.request_id] = sample
@@ -122,7 +122,9 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
     for rid, run in runs.items():
         final = finals[rid]
         o = run.outcome or AgentOutcome(0.0, "the agent never ran", 0.0)
-        if o.error is not None:
+        if run.session.errors:
+            final.reward, final.reward_error = 0.0, "; ".join(run.session.errors)
+        elif o.error is not None:
             final.reward, final.reward_error = 0.0, o.error
         elif o.reward is not None:
             final.reward = o.reward
