@@ -21,6 +21,22 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
+def trainer_sequences(samples: list[dict]) -> list[dict]:
+    """What the trainer makes of the recorded samples: its own `sequences_from_batch`."""
+    from types import SimpleNamespace
+
+    from seer.trainer.trainer import Trainer
+    from seer.types import Branch, PromptSpec, RolloutBatch, Sample
+
+    batch = RolloutBatch([Sample(s["group_id"], s["sample_index"], s["request_id"], PromptSpec(0, "", s["prompt_ids"], {}),
+                                 s["response_ids"], s["logprobs"], "stop", 0.0, 0.0, s["instances"], reward=s["reward"],
+                                 loss_mask=s["loss_mask"], branch=Branch(s["session"], tuple(s["path"])))
+                          for s in samples], None)
+    seqs = Trainer.sequences_from_batch(SimpleNamespace(config=SimpleNamespace(normalize_adv_std=True)), batch)
+    return [{"prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,
+             "rollout_logprobs": t.rollout_logprobs, "advantage": t.advantage} for t in seqs]
+
+
 def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_moved_through_the_pool(rig, tmp_path):
     from seer.fleet.measure import counters
     from seer.fleet.weights import push_weights
@@ -67,7 +83,8 @@ def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_mov
         for c in rec["chunks"]:
             for i, (t, lp) in enumerate(zip(c["out"], c["lp"])):
                 generated[(tuple(c["prompt"]) + tuple(c["out"][:i]), t)] = lp
-        samples, train = rec["samples"], rec["train"]
+        samples = sorted(rec["samples"], key=lambda s: (s["group_id"], s["sample_index"]))  # the trainer's order
+        train = trainer_sequences(samples)
         assert len(train) == len(samples) == 3  # 2 sessions, one branched: 3 leaves
         for s, t in zip(samples, train, strict=True):
             full = s["prompt_ids"] + s["response_ids"]
