@@ -21,6 +21,7 @@ from seer.dgds.server.config import DGDSConfig
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.kvpool.config import KVPoolConfig
 from seer.rollout.agents import AgentConfig, AgentSpec, AgentSpecError
+from seer.rollout.gateway.config import GatewayConfig
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.policies import PolicyError
 from seer.tasks.dataset import DatasetError, TaskConfig, chat_template_text, resolve_loader
@@ -117,6 +118,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # trackers, timeline, /metrics, progress lines
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn limits and workers (with task.env)
     agent: AgentConfig = field(default_factory=AgentConfig)  # timeouts, containment and concurrency (with task.agent)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)  # the OpenAI-compatible server (with task.agent)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -346,7 +348,7 @@ def validate(cfg: RunConfig) -> None:
         chat_template_text(t.chat_template)
     except (DatasetError, RewardSpecError, EnvSpecError) as e:
         raise ConfigError(str(e)) from None
-    for key, why in cfg.env.problems() + cfg.agent.problems():
+    for key, why in [*cfg.env.problems(), *cfg.agent.problems(), *cfg.gateway.problems()]:
         raise ConfigError(f"config key {key!r}: {why}")
     if t.agent is not None:
         try:

@@ -171,7 +171,7 @@ class Job:
     @contextlib.contextmanager
     def env_runner(self):
         """The run's environments and their workers (task.env), or None for a single-turn task."""
-        if self.task.env is None:
+        if self.task.env is None or self.cfg.task.agent is not None:  # agents replace the environment
             yield None
             return
         from seer.tasks.env import EnvRunner
@@ -182,11 +182,46 @@ class Job:
         finally:
             runner.close()
 
-    def rollout_context(self, fleet: Fleet, rewards: RewardRunner, env, on_progress) -> RolloutContext:
+    def rollout_context(self, fleet: Fleet, rewards: RewardRunner, env, on_progress, gateway=None) -> RolloutContext:
         tok = self.tokenizer
+        gw, agents = gateway if gateway is not None else (None, None)
         return RolloutContext(fleet.backends, self.scheduler_config(fleet), rewards, on_progress, env=env,
                               decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                              encode=lambda text: list(tok(text, add_special_tokens=False)["input_ids"]))
+                              encode=lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
+                              gateway=gw, agents=agents)
+
+    @contextlib.asynccontextmanager
+    async def agent_gateway(self, ray_cluster=None):
+        """The run's OpenAI-compatible gateway and its agents (task.agent), or (None, None): the server
+        binds the driver's cluster address (gateway.host overrides) and lives as long as the run."""
+        if self.cfg.task.agent is None:
+            yield None
+            return
+        from seer.model.chat import chat_format
+        from seer.rollout.agents import AgentRunner, AgentSpec
+        from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer
+
+        cfg, tok = self.cfg, self.tokenizer
+        model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type", "")
+        fmt = chat_format(tok, model_type)
+        g = cfg.gateway
+        limits = GatewayLimits(max_request_bytes=g.max_request_bytes, max_call_tokens=cfg.rollout.max_tokens,
+                               max_context_tokens=self.max_model_len)
+        gw = Gateway(fmt, lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
+                     lambda ids: tok.decode(ids, skip_special_tokens=False),
+                     lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token or "", g.model_name, limits)
+        host = g.host or (ray_cluster.node_ip if ray_cluster is not None else "127.0.0.1")
+        server = GatewayServer(gw, host, g.port)
+        base_url = await server.start()
+        agents = AgentRunner(AgentSpec.parse(cfg.task.agent, cfg.agent.timeout_s, args=cfg.task.agent_args, cfg=cfg.agent),
+                             cfg.agent.max_concurrent, log_dir=self.run.path / "logs" / "agents")
+        self.run.log(f"gateway: {base_url} serving {g.model_name!r} ({fmt.name} chat format), agent {cfg.task.agent}")
+        self.console.print(f"gateway on {base_url} (agent {cfg.task.agent})")
+        try:
+            yield gw, agents
+        finally:
+            await agents.close()
+            await server.close()
 
     async def push_weights(self, fleet: Fleet, trainer, version: int, *, if_stale: bool = False) -> float | None:
         """The trainer's `version` into every live instance (seer.fleet.push chooses the transport:
@@ -246,12 +281,15 @@ DEFAULT_ROLLOUT = RolloutConfig.function
 # such a config still counts as "none chosen".
 OLD_DEFAULT_ROLLOUT = "seer.rollout.divided:divided_rollout"
 MULTI_TURN_ROLLOUT = "seer.rollout.multi_turn:multi_turn_rollout"
+GATEWAY_ROLLOUT = "seer.rollout.gateway:gateway_rollout"
 
 
 def rollout_function(cfg: RunConfig) -> str:
     """rollout.function, or multi-turn rollout when the task has an environment and none was chosen."""
     multi_turn = cfg.task.env is not None or (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader))
     chosen = cfg.rollout.function not in (DEFAULT_ROLLOUT, OLD_DEFAULT_ROLLOUT)
+    if cfg.task.agent is not None and not chosen:
+        return GATEWAY_ROLLOUT
     return MULTI_TURN_ROLLOUT if multi_turn and not chosen else cfg.rollout.function
 
 

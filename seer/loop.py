@@ -49,13 +49,16 @@ async def _iterate(job: Job) -> list[dict]:
                 else:
                     await fleet.weights.ensure(job.base_weights())
             with job.reward_runner() as rewards, job.env_runner() as env:
-                for it in range(start, cfg.iterations):
-                    record, version = await _one_iteration(job, fleet, rewards, env, trainer, it, version, watch)
-                    records.append(record)
+                async with job.agent_gateway(ray_cluster) as gateway:
+                    for it in range(start, cfg.iterations):
+                        record, version = await _one_iteration(job, fleet, rewards, env, trainer, it, version, watch,
+                                                               gateway)
+                        records.append(record)
     return records
 
 
-async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, version: int, watch: RunWatch) -> tuple[dict, int]:
+async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, version: int, watch: RunWatch,
+                         gateway=None) -> tuple[dict, int]:
     cfg, console = job.cfg, job.console
     await fleet.prepare_rollout(version if trainer is not None else None)  # strictly on-policy, or no rollout
     prompts = iteration_prompts(job.prompts, it, cfg.rollout.groups_per_iteration, seed=cfg.seed)
@@ -63,7 +66,7 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
     watch.begin_iteration(it, len(prompts) * cfg.rollout.group_size)
     with watch.phase("rollout"), job.progress(it, len(prompts) * cfg.rollout.group_size,
                                                also=watch.rollout_progress) as on_progress:
-        context = job.rollout_context(fleet, rewards, env, on_progress)
+        context = job.rollout_context(fleet, rewards, env, on_progress, gateway)
         batch = await job.rollout_fn(context, request)
     fleet.absorb_rollout_drops(batch.dropped)
     job.write_rollouts(batch, it)

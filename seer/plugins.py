@@ -1,5 +1,5 @@
 """Plug points named by `module:object` paths: `task.reward` (a function), `task.loader` (a
-function), `task.env` (an Environment class), `task.agent` (an async function, or a command line:
+function), `task.env` (an Environment class), `task.agent` (an async agent function or a command line, served by the gateway:
 seer.rollout.agents), `scheduler.policy` (a Policy class) and `rollout.function` (a
 RolloutFunction, seer.rollout.base).
 

@@ -38,7 +38,8 @@ NODE_IP = "127.0.0.2"  # the one-node Ray seer-run starts (seer.fleet.ray_cluste
 WILDCARD = ("0.0.0.0", "::")
 GONE_WITHIN_S = 60.0  # the guards' grace (10 s) and Ray's own shutdown, on a busy machine
 SMALL = {"model.preset": "tiny", "task.num_prompts": 4, "rollout.groups_per_iteration": 2, "rollout.group_size": 2,
-         "rollout.max_tokens": 32, "instances.count": 1, "kvpool.capacity_bytes": 16 * 2**20, "dgds.enabled": "true"}
+         "rollout.max_tokens": 32, "instances.count": 1, "kvpool.capacity_bytes": 16 * 2**20, "dgds.enabled": "true",
+         "task.agent": "tests.gateway.agents_for_tests:run_agent"}  # the agent gateway listens too
 
 
 def listen_table() -> dict[str, str]:
@@ -160,7 +161,7 @@ def whole_run(tiny_model, tmp_path_factory):
     job = Job.start(tmp_path_factory.mktemp("whole-run"), {**SMALL, "trainer.data_parallel": 2})
     try:
         t0 = time.monotonic()
-        job.wait_for("ready instances", lambda: "instances ready" in _run_log(job))
+        job.wait_for("ready instances and the gateway", lambda: "gateway: http" in _run_log(job))
         print(f"\nseer-run with Ray, Mooncake, DGDS and two trainer ranks up in {time.monotonic() - t0:.0f} s")
         yield job
     finally:
@@ -213,7 +214,7 @@ def test_every_listener_of_a_run_is_where_the_readme_table_says(whole_run):
         "mooncake store": [row(table, "Mooncake transfer engine")],
         "dgds": [row(table, "DGDS server")],
         "trainer rank": [row(table, "torch's groups")],
-        "driver": [row(table, "the driver's live metrics")],
+        "driver": [row(table, "the driver's live metrics"), row(table, "the agent gateway")],
         "ray worker": [], "guard": [], "unknown": [],
     }
     ray = row(table, "Ray")  # a Ray worker's listener is its gRPC port, which the row names

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from seer.scheduler import SchedulerConfig
 from seer.scheduler.driver import RolloutResult
@@ -54,6 +55,9 @@ class RolloutContext:
     env: EnvRunner | None = None
     decode: Callable[[list[int]], str] | None = None
     encode: Callable[[str], list[int]] | None = None
+    # The gateway rollout (seer.rollout.gateway, task.agent): the run's gateway and its AgentRunner.
+    gateway: Any = None
+    agents: Any = None
 
 
 RolloutFunction = Callable[[RolloutContext, RolloutRequest], Awaitable[RolloutBatch]]

@@ -225,6 +225,20 @@ class RequestBuffer:
         ts.turn_start = len(req.generated_ids)
         req.status = RequestStatus.READY
 
+    def rewind(self, req: Request, keep: int) -> None:
+        """A multi-turn request waiting for its environment goes back to an earlier point of its
+        trajectory (the gateway's branches): its first `keep` generated tokens stay, with their
+        loss mask and log-probs; the rest is dropped (the rollout kept a copy if it trains on it)."""
+        ts = self.turn_state.get(req.request_id)
+        if req.status is not RequestStatus.ENV or ts is None:
+            raise ValueError(f"{req.request_id} is {req.status.value}, not waiting for its environment")
+        if not 0 <= keep <= req.generated:
+            raise ValueError(f"{req.request_id}: cannot rewind to {keep} of {req.generated} generated tokens")
+        del req.logprobs[sum(ts.loss_mask[:keep]):]
+        del req.generated_ids[keep:]
+        del ts.loss_mask[keep:]
+        ts.turn_start = min(ts.turn_start, keep)
+
     def finish(self, req: Request, finish_reason: str) -> None:
         """A multi-turn request is done (its environment said so, or a limit ended it)."""
         if req.status is not RequestStatus.ENV:

@@ -160,7 +160,7 @@ class Dispatcher:
             migrated=prev is not None and prev != d.instance,
             dispatch_time=now,
             generate=GenerateRequest(chunk_id, prompt, max_tokens, sampling, priority=d.priority,
-                                     stop=self.turns.stop if self.turns is not None else ()),
+                                     stop=self.turns.stop_for(req.request_id) if self.turns is not None else ()),
             turn=self._turns_of(req),
         )
 
@@ -206,7 +206,8 @@ class Dispatcher:
         """A multi-turn chunk: cut it where its turn ends; a turn that ended waits for its environment."""
         req = ticket.request
         ts = self.buffer.turn_state[req.request_id]
-        cut = self.turns.cut(req.generated_ids[ts.turn_start:], result.token_ids, result.finish_reason)
+        cut = self.turns.cut(req.generated_ids[ts.turn_start:], result.token_ids, result.finish_reason,
+                             req.request_id)
         keep, reason = (len(result.token_ids), None) if cut is None else (cut.keep, cut.reason)
         room = req.max_tokens - req.generated
         if keep >= room:  # the trajectory's budget is spent: this turn is its last
@@ -231,7 +232,7 @@ class Dispatcher:
         """Multi-turn with env.max_turn_tokens: what the request's turn may still generate, so that
         an engine never generates past the turn's end (tokens the turn's cut would throw away)."""
         ts = self.buffer.turn_state.get(req.request_id)
-        limit = self.turns.max_turn_tokens if self.turns is not None else None
+        limit = self.turns.turn_limit(req.request_id) if self.turns is not None else None
         if ts is None or limit is None:
             return 1 << 30
         return max(1, limit - (req.generated - ts.turn_start))
@@ -249,6 +250,8 @@ class Dispatcher:
         """The environment's answer to `end`: the request continues after the observation, or is
         finished (returns its Sample). A request whose budget is spent cannot continue."""
         req = end.request
+        if reply.rewind_to is not None:
+            self.buffer.rewind(req, reply.rewind_to)
         if reply.done or end.reason == "length":
             self.buffer.finish(req, reply.finish_reason if reply.done else "length")
             req.last_finish = now

@@ -42,14 +42,25 @@ class TurnReply:
     observation_ids: tuple[int, ...] = ()
     done: bool = False
     finish_reason: str = "stop"  # recorded on the sample when done ("stop", "length", "error")
+    # The gateway's branches (seer.rollout.gateway): keep only the first `rewind_to` generated tokens
+    # (model and observation tokens alike) before appending the observation, so the request continues
+    # from an earlier point of its trajectory. None: continue after everything generated so far.
+    rewind_to: int | None = None
 
 
 class TurnSplitter(Protocol):
     """Decides after every chunk of a multi-turn request whether its turn is over."""
 
-    stop: tuple[str, ...]  # also sent to engines as stop strings (a hint: the cut is this object's)
+    def stop_for(self, request_id: str) -> tuple[str, ...]:
+        """Strings sent to engines with this request's chunks (a hint: the cut is this object's)."""
+        ...
 
-    def cut(self, turn_ids: Sequence[int], new_ids: Sequence[int], finish_reason: str) -> TurnCut | None:
+    def turn_limit(self, request_id: str) -> int | None:
+        """The most model tokens this request's current turn may have (None: no limit but the request's)."""
+        ...
+
+    def cut(self, turn_ids: Sequence[int], new_ids: Sequence[int], finish_reason: str,
+            request_id: str = "") -> TurnCut | None:
         """`turn_ids`: the turn's tokens before this chunk; `new_ids`: the chunk's. None: the turn goes on."""
         ...
 
@@ -80,7 +91,14 @@ class StopMatcher:
                 lo = mid + 1
         return lo
 
-    def cut(self, turn_ids: Sequence[int], new_ids: Sequence[int], finish_reason: str) -> TurnCut | None:
+    def stop_for(self, request_id: str) -> tuple[str, ...]:
+        return self.stop
+
+    def turn_limit(self, request_id: str) -> int | None:
+        return self.max_turn_tokens
+
+    def cut(self, turn_ids: Sequence[int], new_ids: Sequence[int], finish_reason: str,
+            request_id: str = "") -> TurnCut | None:
         before = len(turn_ids)
         ids = [*turn_ids, *new_ids]
         limit = self.max_turn_tokens

@@ -87,7 +87,8 @@ class TaskConfig:
     # Keyword arguments of the environment's constructor (calculator: latency_median_s, latency_sigma)
     env_args: dict[str, Any] = field(default_factory=dict)
     # The agent that plays each session through the OpenAI-compatible gateway instead of an
-    # environment (docs/agents.md): "package.module:function" (an async function) or a command line
+    # environment (docs/agents.md): "package.module:function" (an async function of base_url, api_key,
+    # session_id, record) or a command line; setting it selects the gateway rollout (seer.rollout.gateway)
     agent: str | None = None
     agent_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of a function agent
     median_turns: float = CalcTaskConfig.median_turns  # built-in calculator task only: median calculator calls per prompt

@@ -42,6 +42,29 @@ def grpo_advantages(
     return adv.to(torch.float32)
 
 
+def session_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    session_ids: torch.Tensor,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO advantages when a sample is one leaf of an agent session (the gateway's branches).
+
+    A group is G sessions, however many leaves each left: the group's mean and std are taken over
+    its sessions (one reward each, the first leaf's), and every leaf gets its session's advantage.
+    So a session that branched often neither moves its group's baseline nor gains weight in it;
+    its leaves share its credit (docs/agents-gateway.md, "Branches").
+    """
+    first: dict[int, int] = {}
+    for i, s in enumerate(session_ids.tolist()):
+        first.setdefault(s, i)
+    idx = torch.tensor(list(first.values()), dtype=torch.long)
+    per_session = grpo_advantages(rewards[idx], group_ids[idx], normalize_std, eps)
+    of = {s: per_session[j] for j, s in enumerate(first)}
+    return torch.stack([of[s] for s in session_ids.tolist()]) if len(session_ids) else per_session
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) under softmax(logits / temperature); logits [B, T, V], targets [B, T] -> [B, T].
 

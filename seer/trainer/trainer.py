@@ -217,7 +217,13 @@ class Trainer:
         samples = [s for group in batch.groups().values() for s in group]
         rewards = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])
         group_ids = torch.tensor([s.group_id for s in samples])
-        adv = losses.grpo_advantages(rewards, group_ids, normalize_std=self.config.normalize_adv_std)
+        if any(s.branch is not None for s in samples):  # gateway sessions: one reward per session, not per leaf
+            names: dict[str, int] = {}
+            sessions = torch.tensor([names.setdefault(s.branch.session if s.branch else s.request_id, len(names))
+                                     for s in samples])
+            adv = losses.session_advantages(rewards, group_ids, sessions, normalize_std=self.config.normalize_adv_std)
+        else:
+            adv = losses.grpo_advantages(rewards, group_ids, normalize_std=self.config.normalize_adv_std)
         return [
             TrainSequence(
                 prompt_ids=list(s.prompt.prompt_ids),

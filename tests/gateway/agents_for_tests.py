@@ -1,0 +1,208 @@
+"""Agents the gateway tests run: ordinary `openai`-client loops with the calculator as a function tool."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+
+MODEL = "seer-policy"
+CALC_TOOL = {"type": "function", "function": {
+    "name": "calc", "description": "Subtract: 'A-D' gives A minus D, zero-padded to A's width.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+_EXPR = re.compile(r"(\d+)-(\d+)")
+
+
+def calculator(expression: str, left: int) -> str | None:
+    """The tool: None for a call the Environment would end the trajectory on."""
+    m = _EXPR.fullmatch(expression)
+    if m is None or int(m.group(1)) != left or not 1 <= int(m.group(2)) <= 9 or int(m.group(1)) < int(m.group(2)):
+        return None
+    return f"{int(m.group(1)) - int(m.group(2)):0{len(m.group(1))}d}"
+
+
+async def calc_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = False,
+                     max_tokens: int | None = None, max_calls: int = 20) -> float | None:
+    """Counts down with the calculator until the model stops calling it (reward: the task's function)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
+    left = int(record["reference"]["total"])
+    extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+    try:
+        for _ in range(max_calls):
+            if stream:
+                msg = await _streamed(client, messages, extra)
+            else:
+                r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL], **extra)
+                msg = r.choices[0].message.model_dump(exclude_none=True)
+            messages.append(msg)
+            calls = msg.get("tool_calls") or []
+            if not calls:
+                return None
+            value = calculator(json.loads(calls[0]["function"]["arguments"])["expression"], left)
+            if value is None:
+                return None
+            left = int(value)
+            messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": value})
+        return None
+    finally:
+        await client.close()
+
+
+async def _streamed(client, messages, extra) -> dict:
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL], stream=True,
+                                                  **extra)
+    content, calls = "", []
+    async for chunk in stream:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for c in ch.delta.tool_calls or []:
+                calls.append({"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": c.function.arguments}})
+    msg: dict = {"role": "assistant", "content": content or None}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+async def streaming_calc_agent(base_url, api_key, session_id, record):
+    return await calc_agent(base_url, api_key, session_id, record, stream=True)
+
+
+async def rewriting_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """Three calculator calls, then context management: it drops its second exchange (the assistant
+    call and the tool result) and asks again, which must branch the session, not re-tokenize it."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
+    left = int(record["reference"]["total"])
+    try:
+        for step in range(4):
+            if step == 3:
+                messages = messages[:3] + messages[5:]  # forget the second call and its result
+            r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL])
+            msg = r.choices[0].message.model_dump(exclude_none=True)
+            messages.append(msg)
+            calls = msg.get("tool_calls") or []
+            if not calls:
+                break
+            value = calculator(json.loads(calls[0]["function"]["arguments"])["expression"], left) or "0000"
+            left = int(value)
+            messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": value})
+        return 0.5
+    finally:
+        await client.close()
+
+
+BAD: dict[str, list] = {}  # session id -> [(what, status, error object)], for the test to read
+
+
+async def bad_calls_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """Sends every kind of bad call first, records the answers, then runs the calculator normally."""
+    url = f"{base_url}/chat/completions"
+    good = {"model": MODEL, "messages": [{"role": "user", "content": record["prompt"]}], "tools": [CALC_TOOL]}
+    two_params = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string"}}}}}
+    auth = {"Authorization": f"Bearer {api_key}"}
+    cases = [
+        ("no key", {}, json.dumps(good)),
+        ("forged key", {"Authorization": f"Bearer {api_key[:-4]}abcd"}, json.dumps(good)),
+        ("bad json", auth, "{not json"),
+        ("wrong model", auth, json.dumps({**good, "model": "gpt-4o"})),
+        ("temperature", auth, json.dumps({**good, "temperature": 0.3})),
+        ("n", auth, json.dumps({**good, "n": 2})),
+        ("tool schema", auth, json.dumps({**good, "tools": [two_params]})),
+        ("over-long", auth, json.dumps({**good, "messages": [{"role": "user", "content": "x" * 5000}],
+                                        "max_tokens": 8})),
+        ("too large", auth, json.dumps({**good, "messages": [{"role": "user", "content": "y" * (5 << 20)}]})),
+        ("no messages", auth, json.dumps({**good, "messages": []})),
+    ]
+    out = BAD.setdefault(session_id, [])
+    async with httpx.AsyncClient(timeout=60) as http:
+        for what, headers, body in cases:
+            r = await http.post(url, content=body, headers={**headers, "Content-Type": "application/json"})
+            out.append((what, r.status_code, r.json().get("error")))
+        r = await http.get(f"{base_url}/models", headers=auth)
+        out.append(("models", r.status_code, r.json()))
+    return await calc_agent(base_url, api_key, session_id, record)
+
+
+KEYS: dict[str, tuple[str, str]] = {}
+
+
+async def remembering_agent(base_url, api_key, session_id, record):
+    """The calculator agent, which also leaves its key behind (to call again after its iteration)."""
+    KEYS[session_id] = (base_url, api_key)
+    return await calc_agent(base_url, api_key, session_id, record)
+
+
+async def impatient_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """Gives up on its first call after a moment (the client disconnects), then runs normally."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": record["prompt"]}], "tools": [CALC_TOOL]}
+    async with httpx.AsyncClient() as http:
+        try:
+            await http.post(f"{base_url}/chat/completions", json=body, timeout=0.3,
+                            headers={"Authorization": f"Bearer {api_key}"})
+        except httpx.TimeoutException:
+            pass
+    return await calc_agent(base_url, api_key, session_id, record)
+
+
+# Longer than one KV block (128 tokens on vLLM's CPU backend): only full blocks go to the pool, so a
+# session's history must fill one for a moved turn to load it from there.
+SYSTEM = ("You count down to zero with the calculator tool. Call it with the current value and a digit, "
+          "as in 0023-8, then continue from the value it returns. Stop once it returns zero.\n") * 2
+
+
+async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """seer-run's test agent (any model, even an untrained one): three calls of a system prompt, the
+    task and the calculator tool; a reply without a tool call gets a user nudge. Sessions s1 edit
+    their history before the third call (they drop the first exchange): a branch."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": record["prompt"]}]
+    try:
+        for step in range(3):
+            if step == 2 and session_id.endswith("-s1"):
+                messages = messages[:2] + messages[4:]
+            r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL], max_tokens=10,
+                                                     logprobs=True)
+            choice = r.choices[0]
+            assert choice.logprobs is not None and len(choice.logprobs.content) == r.usage.completion_tokens
+            msg = choice.message.model_dump(exclude_none=True)
+            messages.append(msg)
+            if msg.get("tool_calls"):
+                messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "0001"})
+            else:
+                messages.append({"role": "user", "content": "\ngo on\n"})
+        return None  # the task's reward function scores the final transcript
+    finally:
+        await client.close()
+
+
+async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """The calculator over /v1/completions: the agent keeps the transcript as text and appends results."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    text, left = record["prompt"], int(record["reference"]["total"])
+    try:
+        for _ in range(20):
+            r = await client.completions.create(model=MODEL, prompt=text, max_tokens=32, stop=["</calc>"], logprobs=1)
+            out = r.choices[0].text
+            assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+            text += out
+            m = re.search(r"<calc>(\d+-\d+)$", out)  # the stop string is not in the text (OpenAI's rule)
+            value = calculator(m.group(1), left) if m else None
+            if value is None:
+                return None
+            left = int(value)
+            text += f"={value}\n"
+        return None
+    finally:
+        await client.close()

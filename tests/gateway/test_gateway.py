@@ -1,0 +1,272 @@
+"""The gateway on the real scheduler driver, HTTP server and `openai` client, with a scripted engine
+in place of vLLM (the engine writes the calculator's calls from the context it is given, so every
+run is deterministic): token-exact sessions against the Environment path, branches, bad calls, a
+client that goes away, streaming. Real instances and the KV pool: tests/kvpool/test_gateway_run.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+
+from seer.model.chat import ChatFormatError, EmbeddedChat
+from seer.model.tokenizer import build_tokenizer
+from seer.rollout.agents import AgentConfig, AgentRunner, AgentSpec
+from seer.rollout.base import RolloutContext, RolloutRequest
+from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer, gateway_rollout
+from seer.rollout.multi_turn import multi_turn_rollout
+from seer.scheduler import SchedulerConfig
+from seer.tasks.calculator import PROMPT_TEMPLATE
+from seer.tasks.env import EnvConfig, EnvRunner
+from seer.tasks.reward import RewardRunner
+from seer.types import GenerateRequest, GenerateResult, PromptSpec, SamplingParams, Telemetry
+from tests.gateway import agents_for_tests as agents
+
+pytestmark = pytest.mark.timeout(120)
+TOK = build_tokenizer(4096)
+EOS = TOK.eos_token_id
+AGENTS = "tests.gateway.agents_for_tests"
+
+
+def encode(text: str) -> list[int]:
+    return list(TOK(text, add_special_tokens=False)["input_ids"])
+
+
+def lp_at(pos: int) -> float:
+    """The scripted engine's log-prob of the token at context position `pos`: where a token was generated."""
+    return -pos / 1000
+
+
+class CalcEngine:
+    """Writes `<calc>LEFT-D</calc>` after every line that ends in a number, EOS once it reaches 0."""
+
+    def __init__(self, name: str, delay_s: float = 0.0):
+        self.name, self.delay_s = name, delay_s
+        self.running, self.aborted, self.prompts = 0, [], []
+
+    def intended(self, text: str) -> str | None:
+        last = re.findall(r"=(\d+)\n", text)
+        left = int(last[-1]) if last else int(re.findall(r"start=(\d+)", text)[-1])
+        if left == 0:
+            return None  # EOS
+        return f"<calc>{left:04d}-{1 + left % min(left, 7) if left > 1 else 1}</calc>"
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        self.running += 1
+        self.prompts.append(list(req.prompt_ids))
+        try:
+            text = TOK.decode(req.prompt_ids, skip_special_tokens=False)
+            if self.delay_s and "</calc>" not in text:  # slow on a session's first turn only
+                await asyncio.sleep(self.delay_s)
+            line = text[text.rfind("\n") + 1:]
+            want = self.intended(text)
+            n = len(req.prompt_ids)
+            if want is None:
+                out, reason = [EOS], "stop"
+            else:
+                rest = encode(want[len(line):] if want.startswith(line) else want)
+                out = rest[:req.max_tokens]
+                reason = "stop" if out == rest and any(want.endswith(s) for s in req.stop) else "length"
+            now = time.time()
+            return GenerateResult(req.request_id, out, [lp_at(n + i) for i in range(len(out))], reason, 0, n,
+                                  self.name, now, now)
+        finally:
+            self.running -= 1
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def telemetry(self) -> Telemetry:
+        return Telemetry(self.name, time.monotonic(), 0.0, 100_000, self.running, 0, 0, block_size=1)
+
+
+def calc_prompts(totals: list[int]) -> list[PromptSpec]:
+    out = []
+    for i, t in enumerate(totals):
+        text = PROMPT_TEMPLATE.format(total=f"{t:04d}")
+        out.append(PromptSpec(i, text, encode(text), {"total": t, "steps": 3, "width": 4}))
+    return out
+
+
+def scheduler(chunk: int = 5) -> SchedulerConfig:
+    return SchedulerConfig(policy="context", chunk_size=chunk, kv_pool=False, telemetry_interval_s=0.05)
+
+
+async def run_gateway(agent: str, prompts, *, group_size=2, engines=None, limits=None, iterations=1):
+    engines = engines or [CalcEngine("e0"), CalcEngine("e1")]
+    gw = Gateway(EmbeddedChat(TOK.eos_token), encode, lambda ids: TOK.decode(ids, skip_special_tokens=False),
+                 lambda ids: TOK.decode(ids, skip_special_tokens=True), TOK.eos_token, agents.MODEL,
+                 limits or GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
+    server = GatewayServer(gw, "127.0.0.1")
+    await server.start()
+    # loop mode: bad_calls_agent records into this module, which a forked session process could not
+    runner = AgentRunner(AgentSpec.parse(f"{AGENTS}:{agent}", 60.0, cfg=AgentConfig(mode="loop")), 8)
+    batches = []
+    try:
+        for it in range(iterations):
+            ctx = RolloutContext(engines, scheduler(), RewardRunner("seer.tasks.calculator:score"),
+                                 decode=lambda ids: TOK.decode(ids, skip_special_tokens=True), encode=encode,
+                                 gateway=gw, agents=runner)
+            batches.append(await gateway_rollout(ctx, RolloutRequest(it, prompts, group_size, SamplingParams(
+                temperature=1.0, max_tokens=64))))
+        return batches, gw, engines
+    finally:
+        await server.close()
+
+
+def test_the_calculator_through_the_gateway_gives_the_environment_paths_tokens_and_masks():
+    prompts = calc_prompts([9, 13])
+
+    async def env_path():
+        env = EnvRunner("calculator", EnvConfig(mode="thread", workers=4), {"latency_median_s": 0.0})
+        try:
+            ctx = RolloutContext([CalcEngine("e0"), CalcEngine("e1")], scheduler(), RewardRunner("seer.tasks.env:zero_reward"),
+                                 env=env, decode=lambda ids: TOK.decode(ids, skip_special_tokens=True), encode=encode)
+            return await multi_turn_rollout(ctx, RolloutRequest(0, prompts, 2, SamplingParams(max_tokens=256)))
+        finally:
+            env.close()
+
+    env_batch = asyncio.run(env_path())
+    (gw_batch,), gw, _ = asyncio.run(run_gateway("calc_agent", prompts))
+    assert len(gw_batch.samples) == len(env_batch.samples) == 4
+    for e, g in zip(env_batch.samples, gw_batch.samples, strict=True):
+        assert g.prompt.prompt_ids == e.prompt.prompt_ids == encode(e.prompt.text)
+        assert g.response_ids == e.response_ids and g.loss_mask == e.loss_mask and g.logprobs == e.logprobs
+        assert g.turns == e.turns >= 3 and g.reward == e.reward == 1.0
+        assert g.branch is not None and g.branch.path == tuple(range(g.turns))
+    assert gw_batch.stats.extra["gateway_branches"] == 0 and gw.counters["errors"] == 0
+
+
+def test_streamed_calls_give_the_same_session_as_plain_ones():
+    prompts = calc_prompts([11])
+    (plain,), _, _ = asyncio.run(run_gateway("calc_agent", prompts, group_size=1))
+    (streamed,), _, _ = asyncio.run(run_gateway("streaming_calc_agent", prompts, group_size=1))
+    assert streamed.samples[0].response_ids == plain.samples[0].response_ids
+    assert streamed.samples[0].reward == 1.0
+
+
+def test_a_session_that_rewrites_its_history_is_trained_as_its_branches_without_retokenized_model_tokens():
+    (batch,), gw, _ = asyncio.run(run_gateway("rewriting_agent", calc_prompts([40]), group_size=2))
+    assert len(batch.samples) == 4 and batch.stats.extra["gateway_branches"] == 2  # one branch per session
+    for sid in {s.branch.session for s in batch.samples}:
+        leaf, final = [s for s in batch.samples if s.branch.session == sid]
+        # the final path holds calls 0 and 3 as the model wrote them; call 2's reply, re-sent by the
+        # agent after its edit, is template text there (it lies on the leaf as generated)
+        assert leaf.branch.path == (0, 1, 2) and final.branch.path == (0, 3)
+        for s in (leaf, final):
+            full = s.prompt.prompt_ids + s.response_ids
+            mask = [0] * len(s.prompt.prompt_ids) + s.loss_mask
+            model_pos = [p for p, m in enumerate(mask) if m]
+            # every trained token is one the engine generated at exactly that position of this path
+            assert s.logprobs == [lp_at(p) for p in model_pos]
+            assert len(s.logprobs) == sum(s.loss_mask) and s.reward == 0.5
+        text = TOK.decode(final.prompt.prompt_ids + final.response_ids)
+        # the final path: the first call's reply as generated, then (the edit) the third call's exchange
+        # as the agent re-sent it: template tokens (mask 0) that happen to spell a call, never trained
+        first_call = text.index("</calc>") + len("</calc>")
+        assert final.loss_mask[:first_call - len(final.prompt.prompt_ids)].count(1) == len(
+            encode(text[len(final.prompt.text):first_call]))
+        shared = len(encode(text[len(final.prompt.text):text.index("\n", first_call) + 1]))
+        assert final.response_ids[:shared] == leaf.response_ids[:shared]  # the branch point: after call 0's result
+        assert final.loss_mask[shared:-len(encode("<calc>0000-0</calc>"))].count(1) == 0  # the edited history
+        assert final.loss_mask[-1] == 1 and leaf.loss_mask[-1] == 1
+    from seer.trainer.losses import session_advantages
+    import torch
+
+    adv = session_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0, 0]),
+                             torch.tensor([0, 0, 1, 1, 2]))
+    assert adv[0] == adv[1] and adv[2] == adv[3] and adv[0] > 0 > adv[2]
+    assert torch.allclose(adv[[0, 2, 4]], torch.tensor([0.5774, -1.1547, 0.5774]), atol=1e-3)
+
+
+def test_bad_calls_get_openai_errors_and_cost_nothing_but_themselves():
+    agents.BAD.clear()
+    (batch,), gw, _ = asyncio.run(run_gateway("bad_calls_agent", calc_prompts([9]), group_size=1))
+    (got,) = agents.BAD.values()
+    status = {what: (code, (err or {}).get("code") if isinstance(err, dict) else None) for what, code, err in got}
+    assert status["no key"] == (401, "invalid_api_key") and status["forged key"] == (401, "invalid_api_key")
+    assert status["bad json"] == (400, "invalid_json") and status["wrong model"] == (404, "model_not_found")
+    assert status["temperature"][0] == 400 and status["n"][0] == 400 and status["tool schema"][0] == 400
+    assert status["over-long"] == (400, "context_length_exceeded") and status["too large"] == (413, "request_too_large")
+    assert status["no messages"][0] == 400 and status["models"][0] == 200
+    for what, _, err in got[:-1]:
+        assert set(err) == {"message", "type", "param", "code"}, what
+    s = batch.samples[0]  # the session itself went on: all its bad calls were refused before any turn
+    assert s.reward == 1.0 and s.turns >= 2 and not s.reward_error
+    assert s.prompt.prompt_ids == encode(s.prompt.text)
+
+
+def test_a_session_key_is_refused_after_its_iteration_and_another_sessions_key_names_only_its_own():
+    import httpx
+
+    agents.KEYS.clear()
+
+    async def go():
+        batches, gw, _ = await run_gateway("remembering_agent", calc_prompts([5]), group_size=2, iterations=1)
+        return batches, gw
+
+    (batch,), gw = asyncio.run(go())
+    assert batch.samples[0].reward == 1.0 and len(agents.KEYS) == 2
+    keys = [k for _, k in agents.KEYS.values()]
+    assert keys[0] != keys[1] and all(k.startswith("seer-it0-g0-s") for k in keys)
+    with pytest.raises(Exception) as e:
+        gw.session_of(f"Bearer {keys[0]}")
+    assert e.value.status == 409
+    with pytest.raises(Exception) as e:
+        gw.session_of(f"Bearer {keys[0].split('.')[0]}.{keys[1].split('.')[1]}")  # one session's mac on another's id
+    assert e.value.status == 401
+    del httpx
+
+
+def test_a_client_that_disconnects_cancels_its_turn_and_its_tokens_are_not_trained():
+    slow = [CalcEngine("e0", delay_s=0.5), CalcEngine("e1", delay_s=0.5)]
+    (batch,), gw, engines = asyncio.run(run_gateway("impatient_agent", calc_prompts([9]), group_size=1, engines=slow))
+    (plain,), _, _ = asyncio.run(run_gateway("calc_agent", calc_prompts([9]), group_size=1))
+    s = batch.samples[0]
+    assert gw.counters["cancelled"] == 1 and any(e.aborted for e in engines), (s.reward_error, gw.counters)
+    assert s.response_ids == plain.samples[0].response_ids and s.reward == 1.0, s.reward_error
+
+
+def test_the_embedded_format_renders_the_calculator_and_refuses_tools_it_cannot_render():
+    fmt = EmbeddedChat("</s>")
+    msgs = [{"role": "user", "content": "start=0009\n"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "0009-4"}'}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "0005"},
+            {"role": "assistant", "content": "done"}]
+    assert fmt.render(msgs, [agents.CALC_TOOL]) == "start=0009\n<calc>0009-4</calc>=0005\ndone</s>"
+    reply = fmt.parse("<calc>0005-5</calc>", [agents.CALC_TOOL])
+    assert reply.tool_calls[0].name == "calc" and reply.tool_calls[0].arguments == '{"expression": "0005-5"}'
+    assert fmt.stop([agents.CALC_TOOL]) == ("</calc>",)
+    with pytest.raises(ChatFormatError):
+        fmt.check_tools([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}}}}}])
+
+
+def test_completions_calls_continue_the_session_token_exact():
+    prompts = calc_prompts([10])
+    (chat,), _, _ = asyncio.run(run_gateway("calc_agent", prompts, group_size=1))
+    (plain,), gw, _ = asyncio.run(run_gateway("completions_agent", prompts, group_size=1))
+    s = plain.samples[0]
+    # the agent's stop string is kept in the tokens (the model wrote it), so the same trajectory
+    assert s.response_ids == chat.samples[0].response_ids and s.loss_mask == chat.samples[0].loss_mask
+    assert s.reward == 1.0 and plain.stats.extra["gateway_branches"] == 0
+
+
+def test_a_checkpoint_with_its_own_template_renders_with_it_and_reads_calls_with_vllms_parser_of_its_family():
+    from seer.model.chat import HFChat, chat_format
+
+    tok = build_tokenizer(4096)
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+                         "<tool_call>{{ c.function.arguments }}</tool_call>{% endfor %}\n{% endfor %}"
+                         "{% if tools %}[{{ tools | length }} tools]{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    fmt = chat_format(tok, "qwen3")
+    assert isinstance(fmt, HFChat) and fmt.parser_name == "hermes"
+    assert fmt.render([{"role": "user", "content": "hi"}], [agents.CALC_TOOL], True) == "<|user|>hi[1 tools]<|assistant|>"
+    reply = fmt.parse('ok <tool_call>\n{"name": "calc", "arguments": {"expression": "1-1"}}\n</tool_call>',
+                      [agents.CALC_TOOL])
+    assert reply.content.strip() == "ok" and reply.tool_calls[0].name == "calc"
+    assert reply.tool_calls[0].arguments == '{"expression": "1-1"}'
