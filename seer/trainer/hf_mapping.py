@@ -1,11 +1,12 @@
-"""Exact correspondence between HF Qwen2/Llama checkpoints and Megatron-core GPTModel.
+"""Exact correspondence between HF Qwen2/Qwen3/Llama checkpoints and Megatron-core GPTModel.
 
 Two things are not a plain rename:
   * attention: HF keeps q_proj / k_proj / v_proj; Megatron fuses them into ``linear_qkv`` laid out
     per KV group as [q heads of the group | k | v] (GQA layout), for weights and Qwen2's biases;
   * SwiGLU MLP: HF's gate_proj and up_proj are stacked into ``linear_fc1`` as [gate; up], which is
     what Megatron's gated_linear_unit splits in half (silu(first) * second).
-Everything else is a rename. Both directions are exact inverses (tests round-trip them).
+Everything else is a rename (Qwen3's per-head ``q_norm`` / ``k_norm`` are Megatron's
+``q_layernorm`` / ``k_layernorm``: RMSNorm over head_dim, one weight shared by every head). Both directions are exact inverses (tests round-trip them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class HFArch:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k before RoPE
 
     @classmethod
     def from_config(cls, cfg: dict) -> HFArch:
@@ -51,8 +53,8 @@ class HFArch:
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         if cfg.get("use_sliding_window", False):
             raise NotImplementedError("sliding-window attention is not supported")
-        if model_type == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
-            raise NotImplementedError("Llama attention_bias / mlp_bias are not supported")
+        if model_type in ("llama", "qwen3") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+            raise NotImplementedError(f"{model_type} attention_bias / mlp_bias are not supported")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         return cls(
@@ -69,6 +71,7 @@ class HFArch:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
         )
 
     @classmethod
@@ -114,6 +117,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch
             out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(
                 hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"], arch
             )
+        if arch.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf[a + "q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf[a + "k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]], 0)
@@ -136,6 +142,9 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torc
         if arch.qkv_bias:
             qb, kb, vb = _split_qkv(meg[m + "self_attention.linear_qkv.bias"], arch)
             out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = qb, kb, vb
+        if arch.qk_norm:
+            out[a + "q_norm.weight"] = meg[m + "self_attention.q_layernorm.weight"]
+            out[a + "k_norm.weight"] = meg[m + "self_attention.k_layernorm.weight"]
         out[a + "o_proj.weight"] = meg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = meg[m + "pre_mlp_layernorm.weight"]
         gate, up = torch.chunk(meg[m + "mlp.linear_fc1.weight"], 2, dim=0)

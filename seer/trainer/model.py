@@ -1,4 +1,4 @@
-"""Build a Megatron-core GPTModel that is the same network as a HF Qwen2/Llama checkpoint.
+"""Build a Megatron-core GPTModel that is the same network as a HF Qwen2/Qwen3/Llama checkpoint.
 
 The layer spec is Megatron's local (non-Transformer-Engine) one on CPU and GPU alike, so the math
 is identical on both and on a GPU nothing depends on TE being installed. Dropout is off: RL
@@ -48,6 +48,7 @@ def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=params_dtype,
@@ -101,7 +102,7 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
     vocab = padded_vocab_size or tp_shard.padded_vocab_size(arch.vocab_size, tp_size)
     if vocab < arch.vocab_size or vocab % tp_size:
         raise ValueError(f"padded_vocab_size {vocab} must be >= vocab {arch.vocab_size} and a multiple of tp {tp_size}")
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     spec.submodules.self_attention.submodules.core_attention = CausalSDPAttention
     model = GPTModel(
         config=transformer_config(arch, params_dtype, tp_size),

@@ -30,6 +30,8 @@ def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, se
     torch.manual_seed(seed)
     if model_type == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif model_type == "qwen3":  # QK-norm, and a head_dim decoupled from hidden / heads as Qwen3's
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     # HF initialises biases to 0 and norms to 1; randomise them so a swapped or dropped mapping shows
@@ -51,3 +53,8 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_tied(tmp_path_factory) -> Path:
     return make_tiny_hf(tmp_path_factory.mktemp("tiny_llama_tied"), "llama", tie=True, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_tied(tmp_path_factory) -> Path:
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_qwen3_tied"), "qwen3", tie=True, seed=2)

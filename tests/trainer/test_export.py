@@ -22,7 +22,7 @@ def _hf_logits(path, ids):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_llama_tied"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_llama_tied", "tiny_qwen3_tied"])
 def test_megatron_matches_hf_and_export_round_trips(fixture, request, tmp_path):
     src = request.getfixturevalue(fixture)
     trainer = Trainer(src, TrainerConfig())
@@ -101,3 +101,7 @@ def test_unsupported_configs_are_refused():
     with pytest.raises(NotImplementedError):
         HFArch.from_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     assert HFArch.from_config({**base, "rope_theta": 5e5}).rope_theta == 5e5  # pre-v5 config layout
+    qwen3 = HFArch.from_config({**base, "model_type": "qwen3", "head_dim": 8})
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 8
+    with pytest.raises(NotImplementedError, match="attention_bias"):
+        HFArch.from_config({**base, "model_type": "qwen3", "attention_bias": True})
