@@ -18,6 +18,17 @@ from pathlib import Path
 import torch
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (config ``rope_type: llama3``), as transformers reads it."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class HFArch:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k before RoPE
+    rope_scaling: Llama3RopeScaling | None = None  # None: default RoPE
 
     @classmethod
     def from_config(cls, cfg: dict) -> HFArch:
@@ -48,9 +60,18 @@ class HFArch:
             raise NotImplementedError(f"hidden_act {cfg['hidden_act']!r}: only SwiGLU (silu) MLPs are supported")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (only default RoPE)")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (have {SUPPORTED_ROPE_TYPES})")
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        max_positions = int(cfg.get("max_position_embeddings", 4096))
+        rope_scaling = None
+        if rope_type == "llama3":
+            rope_scaling = Llama3RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope.get("original_max_position_embeddings") or max_positions),
+            )
         if cfg.get("use_sliding_window", False):
             raise NotImplementedError("sliding-window attention is not supported")
         if model_type in ("llama", "qwen3") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
@@ -68,10 +89,11 @@ class HFArch:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
+            rope_scaling=rope_scaling,
         )
 
     @classmethod

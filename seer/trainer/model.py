@@ -114,9 +114,26 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         parallel_output=parallel_output,
     )
+    if arch.rope_scaling is not None:
+        _scale_rope_llama3(model, arch)
     model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
     tp_shard.mark_tp_params(model.named_parameters())
     return model
+
+
+def _scale_rope_llama3(model: GPTModel, arch: HFArch) -> None:
+    """Llama 3.1's RoPE frequencies with the checkpoint's parameters.
+
+    Megatron's own switch (``rope_scaling=True``) takes only the factor and hard-codes the other
+    three; its ``_apply_scaling`` is transformers' formula line for line, so it is called here
+    with every parameter the config names (tests compare the logits with transformers').
+    """
+    rope, scaling = model.rotary_pos_emb, arch.rope_scaling
+    rope.inv_freq = rope._apply_scaling(
+        rope.inv_freq, factor=scaling.factor, low_freq_factor=scaling.low_freq_factor,
+        high_freq_factor=scaling.high_freq_factor,
+        original_max_position_embeddings=scaling.original_max_position_embeddings,
+    )
 
 
 def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
