@@ -6,7 +6,7 @@ offset-head prior (seer/model/offset_heads.py: q/k biases for Qwen2, a constant 
 for the others) and once without, and records each build's first and final loss. It measures the
 supervised warm start only, not learning under GRPO (that needs a run against an lr=0 control).
 
-    python -m bench.models_warm_start [--out bench/results/models/warm_start]
+    python -m bench.models_warm_start [--out bench/results/models/warm_start]   (seer-bench models-warm-start)
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def hf_config(a: ArchSpec):
     # qwen3_moe: every layer sparse (decoder_sparse_step 1), as the tiny MoE checkpoints measured here
     return transformers.Qwen3MoeConfig(**common, head_dim=head_dim, num_experts=a.moe.num_experts,
                                        num_experts_per_tok=a.moe.top_k,
-                                       moe_intermediate_size=a.moe.moe_intermediate_size)
+                                       moe_intermediate_size=a.moe.moe_intermediate_size,
+                                       norm_topk_prob=a.moe.norm_topk_prob)
 
 
 def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bool = True) -> Path:

@@ -73,8 +73,9 @@ def _biases_through_a_constant_channel(model: torch.nn.Module, q_bias: torch.Ten
     hidden = embed.shape[1]
     rest = embed[:, :-1].norm(dim=1, keepdim=True)
     level = float(rest.median())
-    embed[:, :-1] *= level / rest
-    embed[:, -1] = level
+    used = rest[:, 0] > 0  # the padding token's row is all zeros (nn.Embedding's padding_idx): it stays so
+    embed[used, :-1] *= level / rest[used]
+    embed[used, -1] = level
     normed = math.sqrt(hidden / 2) * float(model.model.layers[0].input_layernorm.weight[-1])
     attn = model.model.layers[0].self_attn
     head_dim = q_bias.shape[1]

@@ -32,6 +32,7 @@ class MoESpec:
     num_experts: int = 8
     top_k: int = 2
     moe_intermediate_size: int = 64
+    norm_topk_prob: bool = True  # the top-k weights renormalised to sum 1, as the released Qwen3-MoE models
 
 
 # model families a preset can be built as (seer/model/build.py: HF config per family)

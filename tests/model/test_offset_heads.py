@@ -39,7 +39,8 @@ def test_families_without_qk_biases_get_offset_heads_through_a_constant_channel(
     assert model.model.layers[0].self_attn.q_proj.bias is None
     offsets = (8, 1, 3, 9)
     init_offset_heads(model, offsets)
-    ids = torch.randint(4, 260, (1, 120))
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the all-zero padding row too
+    ids = torch.randint(4, 260, (1, 120))  # the byte tokens: the padding token never sits mid-sequence
     with torch.no_grad():
         attn = model(input_ids=ids, output_attentions=True).attentions[0][0]
     for h, offset in enumerate(offsets):
