@@ -39,10 +39,10 @@ def build(family: str, offsets: bool) -> dict:
     return {"family": family, "offset_heads": list(ws.offset_heads), **info["warm_start"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="bench/results/models/warm_start")
-    args = p.parse_args()
+    p.add_argument("--out", default="bench/results/models/warm_start", help="folder for the .json and .md")
+    args = p.parse_args(argv)
     rows = [build(f, o) for f in FAMILIES for o in (True, False)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     doc = {"command": "python -m bench.models_warm_start", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

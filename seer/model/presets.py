@@ -6,6 +6,7 @@ builds a new model instead of silently reusing a stale one.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from seer.tasks.calculator import CalcTaskConfig
@@ -133,16 +134,15 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 # The default's task, on the other families: the same sizes (head_dim 32 as vLLM's CPU attention
-# needs), the same warm start. Offset heads work without q/k biases through a constant
-# embedding channel (seer/model/offset_heads.py).
+# needs) and warm start, without the offset-head prior: at the tiny sizes the warm start ended
+# lower without it on both families (bench/results/models/warm_start/, docs/models.md).
 _SMALL = dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768)
+_NO_PRIOR = dataclasses.replace(PRESETS["default"].warm_start, offset_heads=())
 _TINY = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192)
 PRESETS.update({
-    "qwen3": ModelPreset(name="qwen3", arch=ArchSpec(**_SMALL, family="qwen3"),
-                         warm_start=PRESETS["default"].warm_start),
+    "qwen3": ModelPreset(name="qwen3", arch=ArchSpec(**_SMALL, family="qwen3"), warm_start=_NO_PRIOR),
     "llama3": ModelPreset(name="llama3", arch=ArchSpec(**_SMALL, family="llama3", rope_theta=500000.0,
-                                                       llama3_rope=Llama3Rope()),
-                          warm_start=PRESETS["default"].warm_start),
+                                                       llama3_rope=Llama3Rope()), warm_start=_NO_PRIOR),
     # Untrained, built in seconds: for tests that need the family's architecture, not its skill.
     "tiny-qwen3": ModelPreset(name="tiny-qwen3", arch=ArchSpec(**_TINY, family="qwen3"), warm_start=None),
     "tiny-llama3": ModelPreset(name="tiny-llama3", arch=ArchSpec(**_TINY, family="llama3", rope_theta=500000.0,
