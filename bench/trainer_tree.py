@@ -22,6 +22,13 @@ time (TrainMetrics.time_s, one timed step after one untimed warm-up step on a sm
 samples' tokens per second per core, and the gradients' max difference from the padded step
 (both mini-batches, before clipping) against the parallel-trainer tests' bound 1e-6 + 1e-4 |g|.
 
+Before the steps, the attention paths alone (fwd+bwd of one layer's core attention, the default
+model's 8 heads / 2 KV heads of 32, median of 3): packed, 8 sequences of 300 tokens as one SDPA
+call per sequence vs one call with a dense block-diagonal mask vs flex_attention; tree, workload
+(b)'s shape (a 2,048-token prefix and 16 branches of 288), one call per trie node (the prefix
+causal, each branch on the prefix's K/V plus its own) vs one call with a dense tree mask vs the
+flat computation (16 causal calls of 2,336).
+
 Writes bench/results/trainer_tree/ (trainer_tree.json, trainer_tree.md with the command and commit).
 """
 
@@ -118,6 +125,72 @@ def grad_diff(g: list[dict], ref: list[dict]) -> dict:
     return {"max_abs": worst_abs, "max_over_bound": worst_bound}
 
 
+def _median_s(fn, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def attention_paths() -> dict:
+    """Seconds per fwd+bwd of the candidate CPU attention paths (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from seer.trainer.attention import Block, StreamLayout, stream_attention
+
+    heads, kv_heads, dim = 8, 2, 32
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=torch.float32, requires_grad=True)
+
+    def fwd_bwd(f):
+        return lambda: f().sum().backward()
+
+    out = {}
+    n, length = 8, 300
+    total = n * length
+    q, k, v = leaf(1, heads, total, dim), leaf(1, kv_heads, total, dim), leaf(1, kv_heads, total, dim)
+    packed = StreamLayout(torch.arange(total) % length, [Block(i * length, (i + 1) * length) for i in range(n)])
+    seg = torch.arange(total) // length
+    dense = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool).tril()
+    out["packed_per_sequence_sdpa_s"] = _median_s(fwd_bwd(lambda: stream_attention(q, k, v, packed, None)))
+    out["packed_dense_block_diagonal_s"] = _median_s(fwd_bwd(
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)))
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        bm = create_block_mask(lambda b, h, qi, ki: (seg[qi] == seg[ki]) & (ki <= qi), None, None, total, total,
+                               device="cpu")
+        out["packed_flex_attention_s"] = _median_s(fwd_bwd(
+            lambda: flex_attention(q, k, v, block_mask=bm, enable_gqa=True)))
+    except Exception as e:  # noqa: BLE001  (recorded: why this path is not an option)
+        out["packed_flex_attention_s"] = None
+        out["packed_flex_attention_error"] = f"{type(e).__name__}: {e}"[:200]
+    prefix, branches, blen = 2048, 16, 288
+    total = prefix + branches * blen
+    q, k, v = leaf(1, heads, total, dim), leaf(1, kv_heads, total, dim), leaf(1, kv_heads, total, dim)
+    ctx = torch.arange(prefix)
+    tree = StreamLayout(torch.cat([torch.arange(prefix)] + [torch.arange(prefix, prefix + blen)] * branches),
+                        [Block(0, prefix)] + [Block(prefix + i * blen, prefix + (i + 1) * blen, ctx)
+                                              for i in range(branches)])
+    owner = torch.cat([torch.full((prefix,), -1)] + [torch.full((blen,), i) for i in range(branches)])
+    pos = tree.positions
+    # a query sees the prefix and its own branch, causally (by position in its own sequence)
+    tree_mask = ((owner[None, :] == -1) | (owner[:, None] == owner[None, :])) & (pos[None, :] <= pos[:, None])
+    out["tree_per_node_sdpa_s"] = _median_s(fwd_bwd(lambda: stream_attention(q, k, v, tree, None)))
+    out["tree_dense_mask_s"] = _median_s(fwd_bwd(
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=tree_mask, enable_gqa=True)))
+    flat = prefix + blen
+    qf, kf, vf = leaf(branches, heads, flat, dim), leaf(branches, kv_heads, flat, dim), leaf(branches, kv_heads, flat, dim)
+    out["tree_flat_causal_s"] = _median_s(fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, enable_gqa=True)))
+    return out
+
+
 def run(args) -> dict:
     import torch
 
@@ -126,12 +199,15 @@ def run(args) -> dict:
     from seer.trainer.trainer import Trainer
 
     torch.set_num_threads(args.threads)
+    attention = attention_paths()
+    print(f"attention: {attention}", file=sys.stderr, flush=True)
     model = str(resolve_model("default", progress=False))
     trainer = Trainer(model, TrainerConfig(lr=2e-4, mini_batches=2, max_tokens_per_micro_batch=8192))
     trainer.train_sequences(multi_turn_batch(9)[:32])  # warm-up: allocator, kernels
     start = copy.deepcopy(trainer.state_dict())
     result = {"threads": args.threads, "model": "embedded default (hidden 256, 4 layers, vocab 320, fp32)",
-              "config": {"lr": 2e-4, "mini_batches": 2, "max_tokens_per_micro_batch": 8192}, "workloads": {}}
+              "config": {"lr": 2e-4, "mini_batches": 2, "max_tokens_per_micro_batch": 8192}, "attention": attention,
+              "workloads": {}}
     for name in args.workloads:
         seqs = WORKLOADS[name]()
         flat = sum(s.length for s in seqs)
@@ -176,6 +252,17 @@ def markdown(r: dict, command: str) -> str:
                          f"{row['step_s']:.2f} | {w['speedup_vs_padded'][layout]:.2f} | "
                          f"{row['tokens_per_s_per_core']:.0f} | {row['grad_diff']['max_abs']:.2g} | "
                          f"{row['grad_diff']['max_over_bound']:.3f} |")
+    a = r["attention"]
+    flex = f"{a['packed_flex_attention_s']:.3f} s" if a["packed_flex_attention_s"] is not None else \
+        f"not possible ({a.get('packed_flex_attention_error', '')})"
+    lines += ["", "Attention alone (one layer's core attention, fwd+bwd, median of 3):", "",
+              "| path | s |", "|---|---|",
+              f"| packed 8x300: one SDPA call per sequence | {a['packed_per_sequence_sdpa_s']:.3f} |",
+              f"| packed 8x300: dense block-diagonal mask | {a['packed_dense_block_diagonal_s']:.3f} |",
+              f"| tree 2048 + 16x288: one SDPA call per trie node | {a['tree_per_node_sdpa_s']:.3f} |",
+              f"| tree 2048 + 16x288: dense tree mask | {a['tree_dense_mask_s']:.3f} |",
+              f"| the same 16 sequences flat (16 x 2336 causal) | {a['tree_flat_causal_s']:.3f} |",
+              "", f"flex_attention (packed 8x300): {flex}."]
     lines += ["", "Samples' own tokens per workload (tokens/s counts these): " + ", ".join(
         f"{n} {w['sample_tokens']} in {w['sequences']} sequences" for n, w in r["workloads"].items()) + "."]
     return "\n".join(lines) + "\n"
