@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tokens/s is divided by these)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ",".join(WORKLOADS))
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=OUT, help="folder for trainer_tree.json and trainer_tree.md")
     args = ap.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     command = "python -m bench.trainer_tree" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
