@@ -82,7 +82,16 @@ def stream_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
             continue
         kc = torch.cat([k.index_select(2, b.context), kb], dim=2)
         vc = torch.cat([v.index_select(2, b.context), vb], dim=2)
-        mask = layout.mask(b.end - b.start, b.context.numel(), q.device)
+        n_ctx, n_own = b.context.numel(), b.end - b.start
+        if n_ctx < n_own:
+            # A masked call computes all n_own x (n_ctx + n_own) scores; the causal kernel skips the
+            # upper triangle. With a short context it is cheaper to run causal over the whole path
+            # with zero queries standing in for the context's rows, whose outputs are dropped.
+            qp = torch.cat([qb.new_zeros(qb.shape[:2] + (n_ctx, qb.size(3))), qb], dim=2)
+            out = F.scaled_dot_product_attention(qp, kc, vc, is_causal=True, scale=scale, enable_gqa=gqa)
+            outs.append(out[:, :, n_ctx:])
+            continue
+        mask = layout.mask(n_own, n_ctx, q.device)
         outs.append(F.scaled_dot_product_attention(qb, kc, vc, attn_mask=mask, scale=scale, enable_gqa=gqa))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

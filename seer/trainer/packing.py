@@ -174,15 +174,27 @@ def plan_stream_micro_batches(seqs: list[TrainSequence], max_tokens: int, share:
         order = sorted(range(len(seqs)), key=lambda i: (-seqs[i].length, i))
         growth = [(0, seqs[i].length) for i in order]
     plans: list[list[int]] = []
+    start = 0  # position in `order` where the current micro-batch begins
     used = 0
-    for i, (shared, length) in zip(order, growth):
-        add = length - shared
-        if plans and used + add <= max_tokens:
-            plans[-1].append(i)
-            used += add
+    for pos in range(len(order)):
+        shared, length = growth[pos]
+        if pos > start and used + length - shared <= max_tokens:
+            used += length - shared
+            continue
+        if pos > start:
+            # Cut where the least is shared (a group's boundary rather than inside the group, whose
+            # prompt would then be computed twice); the run after the cut starts the next one.
+            cut = min(range(start + 1, pos + 1), key=lambda j: (growth[j][0], -j))
+            plans.append([order[j] for j in range(start, cut)])
+            start = cut
+            used = growth[start][1] + sum(growth[j][1] - growth[j][0] for j in range(start + 1, pos + 1))
+            while used > max_tokens and pos > start:  # still too long: cut again, just before pos
+                plans.append([order[j] for j in range(start, pos)])
+                start, used = pos, growth[pos][1]
         else:
-            plans.append([i])
             used = length
+    if order:
+        plans.append([order[j] for j in range(start, len(order))])
     return plans
 
 

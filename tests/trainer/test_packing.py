@@ -83,6 +83,10 @@ def test_micro_batch_budget_counts_real_tokens():
             assert real <= 40 or len(mb.indices) == 1
             if not share:
                 assert real == sum(seqs[i].length for i in mb.indices)  # no padding
+    # 50 tree tokens a group: a greedy fill would take group 2's first sample into the first
+    # micro-batch (70 tokens) and compute group 2's prompt twice; the cut goes between the groups
+    two_groups = [TrainSequence([g] * 10, [10 + i] * 10) for g in (1, 2) for i in range(4)]
+    assert sorted(map(sorted, plan_stream_micro_batches(two_groups, 70, True))) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     tree = sum(mb.stream.computed_tokens for mb in make_stream_micro_batches(seqs, 10_000, True))
     padded = sum(mb.input_ids.numel() for mb in make_micro_batches(seqs, 10_000))
     assert tree < sum(s.length for s in seqs) < padded
