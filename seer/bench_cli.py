@@ -39,6 +39,7 @@ COMMANDS = {
     "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
     "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
     "models-warm-start": ("bench.models_warm_start", "the tiny warm start per model family, with and without offset heads"),
+    "trainer-tree": ("bench.trainer_tree", "padded vs packed vs prefix-tree micro-batches: tokens, step time, gradients"),
     "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),
     "agent-runner-cost": ("bench.agent_runner_cost", "what containing an agent costs per session: process vs loop mode"),
     "agent-gateway": ("bench.agent_gateway", "the calculator as an Environment vs as a gateway agent (skeleton)"),

@@ -416,3 +416,21 @@ def test_multiturn_doc_simulated_table_matches_the_recording():
                "turns moved": (("moved_turns_share",), 100.0)}
     check_multiturn_table(ROOT / "docs" / "multiturn.md", "### Multi-turn comparison", "configuration | throughput vs sticky",
                           "sim/sim_multiturn.json", columns)
+
+
+# ---------------------------------------------------------------- trainer: packed and tree batches
+
+def test_trainer_doc_tree_table_matches_the_recording():
+    header, rows = table_after(ROOT / "docs" / "trainer.md", "### Packed and tree batches, measured",
+                               "workload | layout | tokens computed")
+    recorded = load("trainer_tree/trainer_tree.json")["workloads"]
+    assert len(rows) == 3 * len(recorded)
+    for row in rows:
+        r = dict(zip(header, row))
+        w, layout = recorded[label(r["workload"])], label(r["layout"])
+        rec, what = w["layouts"][layout], f"docs/trainer.md {r['workload']} {layout}"
+        agrees(r["tokens computed"], [rec["computed_tokens"]], what)
+        agrees(r["x fewer than padded"], [w["tokens_fewer_than_padded"][layout]], what)
+        agrees(r["step s"], [rec["step_s"]], what)
+        agrees(r["x faster than padded"], [w["speedup_vs_padded"][layout]], what)
+        agrees(r["tokens/s per core"], [rec["tokens_per_s_per_core"]], what)

@@ -48,13 +48,16 @@ class MicroBatch:
     rollout_logprobs: torch.Tensor  # [B, S-1] float, 0 where unknown
     has_rollout_logprobs: torch.Tensor  # [B] bool
     old_logprobs: torch.Tensor | None = None  # filled in by the trainer before the update
+    sample_tokens: int = 0  # the rows' own tokens (prompt + response), without padding
+    stream: object | None = None  # packing.Stream: the packed/tree tokens the forward computes instead of input_ids
 
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
 
     def to(self, device: torch.device) -> MicroBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) or k == "stream" and v is not None else v)
+                 for k, v in self.__dict__.items()}
         return MicroBatch(**moved)
 
 
@@ -103,6 +106,7 @@ def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> M
         advantages=torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32),
         rollout_logprobs=rollout,
         has_rollout_logprobs=has_rollout,
+        sample_tokens=sum(s.length for s in seqs),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 AggMode = Literal["token-mean", "seq-mean-token-mean"]
 KLEstimator = Literal["k1", "k3"]
+BatchLayout = Literal["tree", "packed", "padded"]
 
 
 @dataclass
@@ -25,7 +26,11 @@ class TrainerConfig:
     kl_estimator: KLEstimator = "k3"  # KL penalty estimator (with kl_coef > 0)
     entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus
     mini_batches: int = 1  # optimizer steps per train_step
-    max_tokens_per_micro_batch: int = 8192  # padded tokens per forward/backward
+    # How a micro-batch is computed (docs/trainer.md "Packed and tree batches"): tree merges shared
+    # prefixes (a group's prompt, earlier turns) so each is computed once; packed lays sequences end
+    # to end without padding; padded is the old right-padded layout. All three give the same gradients.
+    batch_layout: BatchLayout = "tree"
+    max_tokens_per_micro_batch: int = 8192  # tokens computed per forward/backward: real (tree/packed) or rows x longest (padded)
     temperature: float = 1.0  # must match how the rollout's logprobs were computed
     params_dtype: str = "float32"  # the trainer's parameter dtype
     pad_token_id: int = 0  # set from the tokenizer by seer-run
@@ -40,6 +45,8 @@ class TrainerConfig:
     threads_per_rank: int | None = None  # torch threads; None: the rank's node cores / ranks on that node
 
     def __post_init__(self) -> None:
+        if self.batch_layout not in ("tree", "packed", "padded"):
+            raise ValueError(f"trainer.batch_layout must be tree, packed or padded, got {self.batch_layout!r}")
         for name in ("data_parallel", "tensor_parallel", "pipeline_parallel"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")

@@ -27,4 +27,6 @@ class TrainMetrics:
         """The fields an iteration's metrics record carries (seer.metrics_log)."""
         return {"train_s": self.time_s, "loss": self.loss, "pg_clipfrac": self.pg_clipfrac, "kl": self.kl,
                 "entropy": self.entropy, "grad_norm": self.grad_norm, "zero_adv_fraction": self.zero_adv_fraction,
-                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max}
+                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max,
+                # tokens computed / the samples' tokens (docs/trainer.md): < 1 where a prefix tree shares
+                "tree_token_ratio": self.extra.get("tree_token_ratio", float("nan"))}

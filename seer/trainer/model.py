@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors.torch import load_file
 
 from seer.trainer import tp_shard
+from seer.trainer.attention import StreamLayout, current_layout, stream_attention, stream_layout, use_positioned_rope
 from seer.trainer.config import TrainerConfig
 from seer.trainer.hf_mapping import HFArch, hf_to_megatron, megatron_to_hf
 
@@ -74,6 +75,8 @@ class CausalSDPAttention(DotProductAttention):
     which dominates a GRPO step's forward on long padded rollouts (docs/bench-log.md). SDPA runs a
     fused (flash-style) causal kernel on CPU and GPU alike, with the same math. Only causal masks
     reach it (``forward_logits`` passes nothing else), so the mask tensor itself is not needed.
+    Under a packed/tree ``stream_layout`` (seer/trainer/attention.py) each block attends to its own
+    path only.
     """
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -81,9 +84,13 @@ class CausalSDPAttention(DotProductAttention):
         assert packed_seq_params is None and attention_bias is None
         # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        ctx = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.size(1) != q.size(1)
-        )
+        layout = current_layout()
+        if layout is not None:
+            ctx = stream_attention(q, k, v, layout, self.softmax_scale)
+        else:
+            ctx = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.size(1) != q.size(1)
+            )
         # [b, heads, s, dim] -> [s, b, hidden]
         return ctx.permute(2, 0, 1, 3).reshape(ctx.size(2), ctx.size(0), -1)
 
@@ -117,6 +124,7 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
     if arch.rope_scaling is not None:
         _scale_rope_llama3(model, arch)
     model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
+    use_positioned_rope(model)  # packed/tree streams: RoPE at each token's position in its own sequence
     tp_shard.mark_tp_params(model.named_parameters())
     return model
 
@@ -203,6 +211,21 @@ def forward_logits(model: GPTModel, input_ids: torch.Tensor, vocab_size: int | N
     b, s = input_ids.shape
     position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
     logits = model(input_ids, position_ids, causal_mask(s, input_ids.device))
+    vocab = vocab_size or getattr(model, "real_vocab_size", None)
+    if vocab is not None and logits.shape[-1] > vocab:
+        logits = logits[..., :vocab]
+    return logits
+
+
+def forward_stream_logits(model: GPTModel, input_ids: torch.Tensor, layout: StreamLayout,
+                          vocab_size: int | None = None) -> torch.Tensor:
+    """Logits [N, V] for a packed or prefix-tree stream input_ids [N] (no padding anywhere)."""
+    n = input_ids.numel()
+    with stream_layout(layout):
+        # the [1, 1] mask is never read: CausalSDPAttention takes the blocks from the layout
+        logits = model(input_ids.view(1, n), layout.positions.view(1, n),
+                       torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=input_ids.device))
+    logits = logits[0]
     vocab = vocab_size or getattr(model, "real_vocab_size", None)
     if vocab is not None and logits.shape[-1] > vocab:
         logits = logits[..., :vocab]

@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
-from seer.trainer import losses, tp_shard
+from seer.trainer import losses, packing, tp_shard
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, response_logprobs, shard_by_tokens
@@ -28,12 +28,13 @@ from seer.trainer.distributed import device as default_device
 from seer.trainer.distributed import RankPlace, init_megatron
 from seer.trainer.export import atomic_write_bytes, checkpoint_files, write_hf_checkpoint
 from seer.trainer.hf_mapping import HFArch
-from seer.trainer.model import build_gpt_model, forward_logits, load_hf_weights, megatron_weights_as_hf, read_hf_state_dict
+from seer.trainer.model import (build_gpt_model, forward_logits, forward_stream_logits, load_hf_weights,
+                                megatron_weights_as_hf, read_hf_state_dict)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
 CHECKPOINT_FORMAT = 2  # full (unsharded) tensors by parameter name: resumable at any world size
-_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl")
+_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl", "computed_tokens", "sample_tokens")
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,15 @@ class Trainer:
             return list(items)
         return [items[i] for i in shard_by_tokens(lengths, self.dp_size)[self.dp_rank]]
 
+    def _shard(self, seqs: list[TrainSequence]) -> list[TrainSequence]:
+        """This rank's sequences: balanced by compute with attention counted (tree/packed: the
+        trie's new tokens per sequence, so a group's shared prompt stays on one rank), or by tokens."""
+        if self.dp_size == 1 or self.config.batch_layout == "padded":
+            return self._my_share(seqs, [s.length for s in seqs])
+        shards = packing.shard_streams(seqs, self.dp_size, self.config.batch_layout == "tree",
+                                       packing.CostModel.for_arch(self.arch))
+        return [seqs[i] for i in shards[self.dp_rank]]
+
     def _reduce_grads(self) -> None:
         """Sum the gradients over the data-parallel ranks (each loss is already normalised by the
         global token count); a rank whose shard was empty contributes zeros. Under tensor
@@ -196,10 +206,31 @@ class Trainer:
         return forward_logits(model, mb.input_ids)[:, :-1]
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
-        return [
-            mb.to(self.device)
-            for mb in make_micro_batches(seqs, self.config.max_tokens_per_micro_batch, self.config.pad_token_id)
-        ]
+        cfg = self.config
+        if cfg.batch_layout == "padded":
+            mbs = make_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.pad_token_id)
+        else:
+            mbs = packing.make_stream_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.batch_layout == "tree",
+                                                    cfg.pad_token_id)
+        return [mb.to(self.device) for mb in mbs]
+
+    def _token_stats(self, model: torch.nn.Module, mb: MicroBatch,
+                     entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs [B, S-1] (and entropy: None, "detached" or "grad") in the padded
+        per-sequence layout, whichever layout the forward computed them in."""
+        t = self.config.temperature
+        if mb.stream is not None:
+            logits = forward_stream_logits(model, mb.stream.input_ids, mb.stream.layout)
+            return packing.stream_token_stats(logits, mb.stream, mb.targets, t, entropy)
+        logits = self._logits(model, mb)
+        ent = None
+        if entropy is not None:
+            ent = losses.entropy_from_logits(logits if entropy == "grad" else logits.detach(), t)
+        return losses.token_logprobs(logits, mb.targets, t), ent
+
+    @staticmethod
+    def _computed_tokens(mb: MicroBatch) -> int:
+        return mb.stream.computed_tokens if mb.stream is not None else mb.input_ids.numel()
 
     @torch.no_grad()
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -208,7 +239,7 @@ class Trainer:
         out: list[list[float]] = [[] for _ in seqs]
         self.model.eval()
         for mb in self._micro_batches(seqs):
-            lp = losses.token_logprobs(self._logits(self.model, mb), mb.targets, self.config.temperature)
+            lp, _ = self._token_stats(self.model, mb)
             for row, i in enumerate(mb.indices):
                 out[i] = lp[row][mb.mask[row].bool()].tolist()
         return out
@@ -256,7 +287,7 @@ class Trainer:
         minis = []  # (this rank's micro-batches, the mini-batch's global token and sequence counts)
         for k in range(n_mini):
             mini = seqs[k::n_mini]
-            mine = self._my_share(mini, [s.length for s in mini])
+            mine = self._shard(mini)
             minis.append((self._micro_batches(mine) if mine else [], float(sum(s.trained_tokens for s in mini)),
                           float(sum(1 for s in mini if s.trained_tokens > 0))))
         totals = _Totals()
@@ -273,15 +304,13 @@ class Trainer:
         for k, (mbs, n_tokens, n_seqs) in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in mbs:
-                logits = self._logits(self.model, mb)
-                logprobs = losses.token_logprobs(logits, mb.targets, cfg.temperature)
+                logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached")
                 if k == 0:
                     self._set_old_logprobs(mb, logprobs.detach(), totals)
                 terms = losses.ppo_clip_terms(
                     logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high
                 )
                 loss = losses.aggregate(terms.loss, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
-                entropy = losses.entropy_from_logits(logits if cfg.entropy_coef else logits.detach(), cfg.temperature)
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * losses.aggregate(entropy, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
                 if self.ref_model is not None:
@@ -297,6 +326,8 @@ class Trainer:
                 totals.add("clipfrac", terms.clipped, mb.mask)
                 totals.add("entropy", entropy, mb.mask)
                 totals.add("ratio", terms.ratio, mb.mask)
+                totals.sums["computed_tokens"] = totals.sums.get("computed_tokens", 0.0) + self._computed_tokens(mb)
+                totals.sums["sample_tokens"] = totals.sums.get("sample_tokens", 0.0) + mb.sample_tokens
             self._reduce_grads()
             if self.captured_grads is not None:  # full tensors, before clipping: what equivalence tests compare
                 self.captured_grads.append(self._full_state({n: p.grad.detach().clone() if p.grad is not None
@@ -323,11 +354,15 @@ class Trainer:
             sequences=len(seqs),
             zero_adv_fraction=n_zero / len(seqs),
             time_s=time.perf_counter() - t0,
-            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini},
+            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini,
+                   # tokens the forward computed / the samples' own tokens: < 1 where a tree shares prefixes
+                   "tree_token_ratio": (totals.sums.get("computed_tokens", 0.0)
+                                        / max(1.0, totals.sums.get("sample_tokens", 0.0))),
+                   "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": cfg.batch_layout},
         )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        return losses.token_logprobs(self._logits(model, mb), mb.targets, self.config.temperature)
+        return self._token_stats(model, mb)[0]
 
     def _set_old_logprobs(self, mb: MicroBatch, recomputed: torch.Tensor, totals: _Totals) -> None:
         totals.add_mismatch(mb, recomputed)
@@ -340,7 +375,7 @@ class Trainer:
         t0 = time.perf_counter()
         seqs = [TrainSequence(e.prompt_ids, e.response_ids) for e in examples if e.response_ids]
         n_tokens = float(sum(s.trained_tokens for s in seqs))
-        mine = self._my_share(seqs, [s.length for s in seqs])
+        mine = self._shard(seqs)
         mbs = self._micro_batches(mine) if mine else []
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

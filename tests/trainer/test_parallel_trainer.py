@@ -60,16 +60,22 @@ def _full_params(trainer):
     return trainer._full_state({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
 
 
-CFG = dict(lr=1e-2, max_tokens_per_micro_batch=64, threads_per_rank=1, kl_coef=0.05, mini_batches=2)
+# The tests above the layout test pin the padded layout they were written for: after a few steps at
+# lr 1e-2 the TP=2 summation noise sits near the bound, so their outcome depends on the exact
+# earlier steps. The layout test below starts every layout from the fresh weights.
+CFG = dict(lr=1e-2, max_tokens_per_micro_batch=64, threads_per_rank=1, kl_coef=0.05, mini_batches=2,
+           batch_layout="padded")
+FRESH: dict = {}  # "checkpoint": the fresh weights, saved as the groups start
 
 
 @pytest.fixture(scope="module")
-def groups(ray_session, tiny_qwen3_tied):
+def groups(ray_session, tiny_qwen3_tied, tmp_path_factory):
     from seer.trainer.group import TrainerGroup
 
     one = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG))
     two = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG, data_parallel=2))
     tp2 = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG, tensor_parallel=2))
+    FRESH["checkpoint"] = one.save_checkpoint(tmp_path_factory.mktemp("fresh")).parent
     yield one, two, tp2
     for g in (one, two, tp2):
         g.close()
@@ -154,3 +160,47 @@ def test_checkpoint_moves_between_world_sizes(groups, tmp_path):
         # Adam divides by sqrt(v): gradient noise of 1e-7 moves a weight by up to ~1e-5; a step
         # without the restored moments moves it by ~lr = 1e-2, far outside this bound.
         _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-4)
+
+
+def _group_seqs(seed: int) -> list[TrainSequence]:
+    """GRPO groups sharing prompts (and first response tokens), so the tree really merges."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(3):
+        prompt = [rng.randrange(1, 64) for _ in range(rng.randint(4, 10))]
+        for i in range(4):
+            resp = ([9] if i % 2 else []) + [rng.randrange(1, 64) for _ in range(rng.choice([2, 5, 8, 30]))]
+            out.append(TrainSequence(prompt, resp, advantage=rng.uniform(-1, 1),
+                                     rollout_logprobs=[-rng.uniform(1, 5) for _ in resp]))
+    return out
+
+
+def _capture_as(layout: str, seqs):
+    def run(t):
+        t.config.batch_layout = layout
+        return _capture(t, seqs)
+    return run
+
+
+def test_tree_and_packed_at_dp2_and_tp2_equal_padded_dp1(groups):
+    """Prefix-tree and packed micro-batches at DP=2 and TP=2 (KL on, two mini-batches) give the
+    padded DP=1 step's gradients and metrics; every layout starts from the fresh weights."""
+    one, two, tp2 = groups
+    start = FRESH["checkpoint"]
+    one.load_checkpoint(start)
+    seqs = _group_seqs(5)
+    (m0, g0), = one.apply(_capture_as("padded", seqs))
+    for group, layout in ((two, "tree"), (tp2, "tree"), (two, "packed")):
+        group.load_checkpoint(start)
+        (m, g), (mb, _) = group.apply(_capture_as(layout, seqs))
+        _close(g[0], g0[0], f"{layout} mini-batch 0 gradient")
+        _close(g[1], g0[1], f"{layout} mini-batch 1 gradient", atol=1e-4)
+        assert replace(m, time_s=0) == replace(mb, time_s=0)
+        for field in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
+            assert getattr(m, field) == pytest.approx(getattr(m0, field), rel=1e-4, abs=1e-6), (layout, field)
+        assert m.extra["computed_tokens"] < m0.extra["computed_tokens"]
+    one.load_checkpoint(start)
+    (mt, _), = one.apply(_capture_as("tree", seqs))
+    assert m.extra["tree_token_ratio"] == 1.0 and mt.extra["tree_token_ratio"] < 0.9  # packed: no repeats, tree: fewer
+    for g in groups:  # back to this module's layout for whatever runs next
+        g.apply(lambda t: setattr(t.config, "batch_layout", CFG["batch_layout"]))
