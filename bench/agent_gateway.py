@@ -82,6 +82,7 @@ class GWSettings:
     latency_median_s: float = 0.08  # the calculator's tool latency (lognormal), recorded per group and turn
     latency_sigma: float = 0.7  # the tool latency's lognormal sigma
     agent_mode: str = "process"  # agent.mode of the gateway and gateway_sticky configurations
+    env_mode: str = "process"  # env.mode of the env configuration (its environment workers)
     configs: str = ",".join(CONFIGS)  # comma-separated, of env, gateway, gateway_loop, gateway_sticky
     seed: int = 0  # seeds the prompts, the warm-up's sampling and the tool latencies
     out: str = str(OUT)  # where the json and md go
@@ -364,14 +365,14 @@ async def compare(clients, s: GWSettings, tok, model_dir: Path, prompts: list, r
     configs = s.configs.split(",")
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     encode = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    env = EnvRunner("calculator", EnvConfig(mode="process", workers=min(16, s.groups * s.group_size),
+    env = EnvRunner("calculator", EnvConfig(mode=s.env_mode, workers=min(16, s.groups * s.group_size),
                                             max_turns=32), {})
     runners = {mode: AgentRunner(AgentSpec.parse(AGENT, 600.0, args={"latency_median_s": 0.0},
                                                  cfg=AgentConfig(mode=mode)), s.groups * s.group_size)
                for mode in dict.fromkeys((s.agent_mode, "loop"))}
     gw, server, clock = await start_gateway(tok, model_dir, s)
     try:
-        samples = await calculator_samples(clients, s, prompts, model_dir, kv_pool=True)
+        samples = await calculator_samples(clients, s, prompts, model_dir, kv_pool=True, tok=tok)
         works, warm = workloads(s, prompts, samples)
         progress(f"warm-up: {json.dumps(warm)}")
 
