@@ -2,13 +2,13 @@
 
 Issue 30, item 6. The parts that need no instance are tested in tests/bench/test_agent_gateway_parts.py.
 
-    python -m bench.agent_gateway                              # the comparison docs/agents.md will quote
+    python -m bench.agent_gateway                              # the comparison docs/agents.md quotes
     python -m bench.agent_gateway --iterations 1 --repeats 1 --groups 4   # a quick look
     python -m bench.agent_gateway --render DIR                 # re-summarize DIR/agent_gateway.json
 
 What it measures, on real instances over the KV pool with context-aware scheduling:
 - env: the built-in calculator task on multi-turn rollout (seer.rollout.multi_turn), its
-  `CalculatorEnv` in the environment workers (process mode);
+  `CalculatorEnv` in the environment workers (`--env-mode`, process by default);
 - gateway: the same task through the OpenAI-compatible gateway, played by the ordinary
   `openai`-client agent (seer.tasks.agents.calculator_openai's loop, `--agent-mode` process or loop);
 - gateway_loop: the same with `agent.mode: loop` (the agents on the driver's event loop, no process
@@ -32,8 +32,9 @@ The gateway's cost per call is its own work for one chat call, timed in the driv
 HTTP request's time in the server less the time its turn spent in the scheduler (parsing, checks,
 rendering, the response), plus the synchronous work of matching and tokenizing the call against its
 session (`Gateway._take`) and of delivering the turn (`Gateway._deliver`: decode, parse the tool
-call, re-render). The agents' own side (the `openai` client, its process) is in the configuration's
-tokens/s, not in this number.
+call, re-render). It is wall time on the driver's event loop: on a busy loop it includes waiting
+there behind other work (the scheduler; with `agent.mode: loop`, the agents' own clients). The
+agents' processes are in the configuration's tokens/s, not in this number.
 
 Writes <out>/agent_gateway.json and agent_gateway.md (default out: bench/results/agent_gateway).
 """
