@@ -1,19 +1,20 @@
 """The calculator task as an `Environment` and as a gateway agent, in one run: `python -m bench.agent_gateway`
 
-SKELETON (issue 30, item 6): the parts that need no gateway are here and tested
-(tests/bench/test_agent_gateway_parts.py); `run_gateway_iteration` is completed once the gateway
-(seer/rollout/gateway/) is on the same branch, and nothing is recorded before then.
+Issue 30, item 6. The parts that need no instance are tested in tests/bench/test_agent_gateway_parts.py.
 
-    python -m bench.agent_gateway                              # the comparison docs/agents.md will quote
+    python -m bench.agent_gateway                              # the comparison docs/agents.md quotes
     python -m bench.agent_gateway --iterations 1 --repeats 1 --groups 4   # a quick look
+    python -m bench.agent_gateway --render DIR                 # re-summarize DIR/agent_gateway.json
 
 What it measures, on real instances over the KV pool with context-aware scheduling:
 - env: the built-in calculator task on multi-turn rollout (seer.rollout.multi_turn), its
-  `CalculatorEnv` in the environment workers (process mode);
+  `CalculatorEnv` in the environment workers (`--env-mode`, process by default);
 - gateway: the same task through the OpenAI-compatible gateway, played by the ordinary
   `openai`-client agent (seer.tasks.agents.calculator_openai's loop, `--agent-mode` process or loop);
-- gateway_sticky: the gateway with session-sticky scheduling (seer.scheduler.policies.sticky), as
-  the peers pin a session to one engine.
+- gateway_loop: the same with `agent.mode: loop` (the agents on the driver's event loop, no process
+  per session), which separates what containing the agent costs from what the gateway costs;
+- gateway_sticky: the gateway with session-sticky scheduling (seer.scheduler.policies.sticky, whole
+  turns, the pool unused), as the peers pin a session to one engine.
 
 Replay makes the configurations differ by their machinery only. An untimed warm-up runs the model on
 the real environment once and records every trajectory's model tokens per turn (`TokenScript`). In
@@ -27,6 +28,14 @@ across repeats. Reported per configuration: model tokens/s, the iteration's wall
 gateway its cost per call; the env and gateway runs are checked to hold the same tokens, sample for
 sample (`same_tokens`).
 
+The gateway's cost per call is its own work for one chat call, timed in the driver's process: the
+HTTP request's time in the server less the time its turn spent in the scheduler (parsing, checks,
+rendering, the response), plus the synchronous work of matching and tokenizing the call against its
+session (`Gateway._take`) and of delivering the turn (`Gateway._deliver`: decode, parse the tool
+call, re-render). It is wall time on the driver's event loop: on a busy loop it includes waiting
+there behind other work (the scheduler; with `agent.mode: loop`, the agents' own clients). The
+agents' processes are in the configuration's tokens/s, not in this number.
+
 Writes <out>/agent_gateway.json and agent_gateway.md (default out: bench/results/agent_gateway).
 """
 
@@ -34,7 +43,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Sequence
@@ -48,7 +60,7 @@ from seer.types import GenerateRequest, GenerateResult, InstanceBackend
 from bench.harness.trace_backend import TraceBackend
 
 OUT = Path("bench/results/agent_gateway")
-CONFIGS = ("env", "gateway", "gateway_sticky")
+CONFIGS = ("env", "gateway", "gateway_loop", "gateway_sticky")
 AGENT = "seer.tasks.agents.calculator_openai:agent"  # the agent of the gateway configurations
 
 
@@ -57,15 +69,22 @@ class GWSettings:
     model: str = "calc"  # the calculator task's own embedded model
     groups: int = 16  # prompts per iteration
     group_size: int = 8  # sessions (trajectories) per prompt
-    iterations: int = 3  # rollout iterations per configuration and repeat
+    iterations: int = 2  # rollout iterations per configuration and repeat
     repeats: int = 2  # runs of every configuration, alternating order
     max_tokens: int = 640  # a trajectory's budget
+    max_call_tokens: int = 128  # what one gateway call may generate (rollout.max_tokens of a gateway run)
     chunk_size: int = 64  # tokens per chunk
     instances: int = 2  # vLLM instances, one CPU core each
+    kv_cache_bytes: int = 16 << 20  # per instance
+    max_num_seqs: int = 128  # vLLM's --max-num-seqs per instance
+    max_model_len: int = 1024  # the instances' context length (the gateway's session bound)
+    kv_pool_bytes: int = 1 << 30  # memory of the Mooncake pool
+    temperature: float = 1.0  # the warm-up's sampling temperature (every run's sampling parameters)
     latency_median_s: float = 0.08  # the calculator's tool latency (lognormal), recorded per group and turn
     latency_sigma: float = 0.7  # the tool latency's lognormal sigma
-    agent_mode: str = "process"  # agent.mode of the gateway configurations
-    configs: str = ",".join(CONFIGS)  # comma-separated, of env, gateway, gateway_sticky
+    agent_mode: str = "process"  # agent.mode of the gateway and gateway_sticky configurations
+    env_mode: str = "process"  # env.mode of the env configuration (its environment workers)
+    configs: str = ",".join(CONFIGS)  # comma-separated, of env, gateway, gateway_loop, gateway_sticky
     seed: int = 0  # seeds the prompts, the warm-up's sampling and the tool latencies
     out: str = str(OUT)  # where the json and md go
 
@@ -161,6 +180,29 @@ def same_tokens(a: Sequence, b: Sequence) -> dict:
 
 # ---- the runs -----------------------------------------------------------------------------------
 
+STICKY = "seer.scheduler.policies.sticky:SessionSticky"  # bench.multiturn_compare's session-sticky routing
+
+
+@dataclass
+class Workload:
+    """One iteration's prompts (group j of iteration i is global group i * groups + j), their scripts
+    by (j, sample) and prompt lengths by j."""
+
+    prompts: list
+    scripts: dict[tuple[int, int], TokenScript]
+    prompt_lens: dict[int, int]
+
+
+def _replayed(clients, w: Workload) -> list[TokenReplayBackend]:
+    return [TokenReplayBackend(c, w.scripts, w.prompt_lens) for c in clients]
+
+
+def _scheduler(s: GWSettings, policy: str, pooled: bool, chunk_size: int):
+    from seer.scheduler import SchedulerConfig
+
+    return SchedulerConfig(policy=policy, chunk_size=chunk_size, max_running=s.max_num_seqs, kv_pool=pooled)
+
+
 async def run_env_iteration(ctx, prompts, s: GWSettings, iteration: int):
     """One iteration of the env configuration: multi-turn rollout with the calculator environment
     over `TokenReplayBackend`s (ctx: a RolloutContext whose backends and env runner the caller built;
@@ -170,25 +212,288 @@ async def run_env_iteration(ctx, prompts, s: GWSettings, iteration: int):
     from seer.types import SamplingParams
 
     return await multi_turn_rollout(ctx, RolloutRequest(iteration, prompts, s.group_size, SamplingParams(
-        temperature=1.0, max_tokens=s.max_tokens, seed=s.seed)))
+        temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed)))
 
 
-async def run_gateway_iteration(ctx, prompts, s: GWSettings, iteration: int, policy: str):
-    """One iteration through the gateway. TO COMPLETE after the merge with the gateway branch:
-    1. ctx as for env, plus ctx.gateway (seer.rollout.gateway.Gateway over the model's EmbeddedChat,
-       served by GatewayServer on 127.0.0.1) and ctx.agents = AgentRunner(AgentSpec.parse(
-       AGENT, 600, args={"latency_median_s": 0.0}, cfg=AgentConfig(mode=s.agent_mode)),
-       max_concurrent=s.groups * s.group_size), and the scheduler's policy `policy` (context, or
-       session-sticky: bench.multiturn_compare's STICKY);
-    2. seer.rollout.gateway:gateway_rollout(ctx, RolloutRequest(...)) as run_env_iteration does;
-    3. the gateway's cost per call: the server's handling time per call (parse, render, tokenize,
-       reply), from its own counters if it keeps them, else timed around its handler here."""
-    raise NotImplementedError("bench.agent_gateway's gateway configurations need seer.rollout.gateway "
-                              "(issue 30's gateway branch); see run_gateway_iteration's docstring")
+async def run_gateway_iteration(ctx, prompts, s: GWSettings, iteration: int, policy: str = "context"):
+    """One iteration through the gateway: every session the calculator's `openai`-client agent
+    (ctx.agents), every call a turn of the scheduler (`policy` as ctx.scheduler names it)."""
+    from seer.rollout.base import RolloutRequest
+    from seer.rollout.gateway import gateway_rollout
+    from seer.types import SamplingParams
+
+    return await gateway_rollout(ctx, RolloutRequest(iteration, prompts, s.group_size, SamplingParams(
+        temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed)))
+
+
+class CallClock:
+    """The gateway's own time per chat call (see the module's docstring): an ASGI wrapper times each
+    request, the turn's time in the scheduler (from `submit` to its result) is taken off, and the
+    gateway's synchronous session work (`_take`, `_deliver`) is added."""
+
+    def __init__(self, gw) -> None:
+        self.handler_s: list[float] = []  # per chat call: the request's time in the server less its turn
+        self.session_s = 0.0  # _take and _deliver, all calls
+        self._turn: contextvars.ContextVar[dict | None] = contextvars.ContextVar("turn", default=None)
+        submit, take, deliver = gw.submit, gw._take, gw._deliver
+
+        async def timed_submit(sess, call):
+            holder = self._turn.get()
+            if holder is not None:
+                holder["submit"] = time.perf_counter()
+                call.result.add_done_callback(lambda _f: holder.__setitem__("done", time.perf_counter()))
+            return await submit(sess, call)
+
+        def timed(fn):
+            def wrapper(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.session_s += time.perf_counter() - t0
+            return wrapper
+
+        gw.submit, gw._take, gw._deliver = timed_submit, timed(take), timed(deliver)
+
+    def asgi(self, app):
+        async def wrapped(scope, receive, send):
+            if scope.get("type") != "http" or not scope.get("path", "").endswith("/chat/completions"):
+                return await app(scope, receive, send)
+            holder: dict = {}
+            token = self._turn.set(holder)
+            t0 = time.perf_counter()
+            try:
+                await app(scope, receive, send)
+            finally:
+                self._turn.reset(token)
+                wall = time.perf_counter() - t0
+                if "submit" in holder and "done" in holder:
+                    self.handler_s.append(wall - (holder["done"] - holder["submit"]))
+        return wrapped
+
+    def take(self) -> dict:
+        """The calls since the last take: how many, and the gateway's seconds for them."""
+        out = {"calls": len(self.handler_s), "handler_s": sum(self.handler_s), "session_s": self.session_s}
+        self.handler_s, self.session_s = [], 0.0
+        return out
+
+
+async def start_gateway(tok, model_dir: Path, s: GWSettings):
+    """The gateway as seer-run builds it (seer.job: the model's chat format, its tokenizer), served on
+    127.0.0.1, with a CallClock on it."""
+    from seer.model.chat import chat_format
+    from seer.rollout.gateway import Gateway, GatewayConfig, GatewayLimits, GatewayServer
+    from seer.rollout.gateway import server as server_module
+
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type", "")
+    gw = Gateway(chat_format(tok, model_type), lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
+                 lambda ids: tok.decode(ids, skip_special_tokens=False),
+                 lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token or "", GatewayConfig.model_name,
+                 GatewayLimits(max_call_tokens=s.max_call_tokens, max_context_tokens=s.max_model_len))
+    clock = CallClock(gw)
+    server = GatewayServer(gw, "127.0.0.1")
+    build = server_module.build_app
+    server_module.build_app = lambda g: clock.asgi(build(g))  # GatewayServer.start builds its app here
+    try:
+        await server.start()
+    finally:
+        server_module.build_app = build
+    return gw, server, clock
+
+
+def iteration_metrics(batch, wall_s: float, calls: dict | None) -> dict:
+    """One iteration's numbers: model tokens over its wall time, chunks, and the gateway's calls."""
+    model_tokens = sum(c.new_tokens for c in batch.chunks)
+    m = {"wall_s": wall_s, "model_tokens": model_tokens, "tokens_per_s": model_tokens / wall_s if wall_s else 0.0,
+         "samples": len(batch.samples), "turns": sum(x.turns for x in batch.samples),
+         "chunks": len(batch.chunks), "migrated": sum(1 for c in batch.chunks if c.migrated),
+         "rewards": [x.reward for x in sorted(batch.samples, key=lambda x: (x.group_id, x.sample_index))]}
+    if calls is not None:
+        extra = batch.stats.extra
+        m.update(calls=extra.get("gateway_calls"), branches=extra.get("gateway_branches"),
+                 agent_errors=extra.get("agent_errors"), agent_error_messages=extra.get("agent_error_messages"),
+                 clocked_calls=calls["calls"], handler_s=calls["handler_s"], session_s=calls["session_s"])
+    return m
+
+
+def _records(s: GWSettings, n_groups: int, tok) -> list:
+    from seer.tasks import TaskConfig, encode_prompts, load_task
+
+    task = load_task(TaskConfig(name="calculator", num_prompts=n_groups, seed=s.seed))
+    return encode_prompts(task.records, tok, s.max_model_len, min_new_tokens=s.max_tokens + s.max_call_tokens)
+
+
+def workloads(s: GWSettings, prompts: list, samples: list) -> tuple[list[Workload], dict]:
+    """Per iteration, its prompts (references with the recorded tool latencies, per group and call)
+    and the warm-up's scripts; and what the warm-up generated."""
+    from seer.sim.scripts import tool_latencies
+    from seer.types import PromptSpec
+
+    by = {(x.group_id, x.sample_index): x for x in samples}
+    out = []
+    for it in range(s.iterations):
+        ps, scripts, lens = [], {}, {}
+        for j in range(s.groups):
+            g = it * s.groups + j
+            p = prompts[g]
+            calls = max(by[(g, k)].turns for k in range(s.group_size)) + 1
+            ref = {**p.reference, "latencies": tool_latencies(f"{s.seed}:{g}", calls, s.latency_median_s, s.latency_sigma)}
+            ps.append(PromptSpec(j, p.text, list(p.prompt_ids), ref))
+            lens[j] = len(p.prompt_ids)
+            for k in range(s.group_size):
+                scripts[(j, k)] = TokenScript.of(by[(g, k)].response_ids, by[(g, k)].loss_mask)
+        out.append(Workload(ps, scripts, lens))
+    longest_turn = max(len(t) for w in out for sc in w.scripts.values() for t in sc.turns)
+    warm = {"trajectories": len(samples), "model_tokens": sum(sum(x.loss_mask or []) for x in samples),
+            "turns_median": statistics.median(x.turns for x in samples), "turns_max": max(x.turns for x in samples),
+            "longest_turn_tokens": longest_turn,
+            "cut_by_budget": sum(1 for x in samples if x.finish_reason == "length"),
+            "reward_mean": statistics.mean(x.reward or 0.0 for x in samples)}
+    return out, warm
+
+
+async def compare(clients, s: GWSettings, tok, model_dir: Path, prompts: list, runs: list[dict],
+                  checks: list[dict], progress) -> dict:
+    """The warm-up, then every configuration and repeat over `clients` (real instances, or any
+    InstanceBackends with reset_prefix_cache); appends to `runs` and `checks`; returns the warm-up's numbers."""
+    from seer.rollout.agents import AgentConfig, AgentRunner, AgentSpec
+    from seer.rollout.base import RolloutContext
+    from seer.tasks.env import EnvConfig, EnvRunner
+    from seer.tasks.reward import RewardRunner
+
+    from bench.multiturn_compare import _reset, calculator_samples
+
+    configs = s.configs.split(",")
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    encode = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    env = EnvRunner("calculator", EnvConfig(mode=s.env_mode, workers=min(16, s.groups * s.group_size),
+                                            max_turns=32), {})
+    runners = {mode: AgentRunner(AgentSpec.parse(AGENT, 600.0, args={"latency_median_s": 0.0},
+                                                 cfg=AgentConfig(mode=mode)), s.groups * s.group_size)
+               for mode in dict.fromkeys((s.agent_mode, "loop"))}
+    gw, server, clock = await start_gateway(tok, model_dir, s)
+    try:
+        samples = await calculator_samples(clients, s, prompts, model_dir, kv_pool=True, tok=tok)
+        works, warm = workloads(s, prompts, samples)
+        progress(f"warm-up: {json.dumps(warm)}")
+
+        async def one(name: str, w: Workload, it: int, prefix_it: int):
+            await _reset(clients, True)
+            pooled = name != "gateway_sticky"
+            sched = _scheduler(s, "context" if pooled else STICKY, pooled,
+                               s.chunk_size if pooled else s.max_call_tokens)
+            rewards = RewardRunner("seer.tasks.calculator:score")
+            try:
+                agents = runners["loop" if name == "gateway_loop" else s.agent_mode]
+                ctx = RolloutContext(_replayed(clients, w), sched, rewards, env=env, decode=decode,
+                                     encode=encode, gateway=gw, agents=agents)
+                clock.take()
+                t = time.perf_counter()
+                if name == "env":
+                    batch = await run_env_iteration(ctx, w.prompts, s, prefix_it)
+                else:
+                    batch = await run_gateway_iteration(ctx, w.prompts, s, prefix_it)
+                wall = time.perf_counter() - t
+            finally:
+                rewards.close()
+            return batch, iteration_metrics(batch, wall, None if name == "env" else clock.take())
+
+        # untimed: every configuration once on a small iteration (the agent host, the env workers start)
+        small = Workload(works[0].prompts[:2], {k: v for k, v in works[0].scripts.items() if k[0] < 2},
+                         {j: n for j, n in works[0].prompt_lens.items() if j < 2})
+        for n, name in enumerate(configs):
+            await one(name, small, 0, 10_000 + n)
+        serial = 0
+        for rep in range(s.repeats):
+            for pos, name in enumerate(order(configs, rep)):
+                for it, w in enumerate(works):
+                    serial += 1
+                    batch, m = await one(name, w, it, serial)
+                    runs.append({"config": name, "repeat": rep, "iteration": it, "position": pos, **m})
+                    checks.append({"config": name, "repeat": rep, "iteration": it, "env_of": (rep, it),
+                                   "samples": batch.samples})
+                    progress(f"repeat {rep} {name:14s} it {it}: {m['tokens_per_s']:7.1f} tok/s  wall "
+                             f"{m['wall_s']:5.2f} s" + (f"  calls {m['calls']}  gateway "
+                                                       f"{1e3 * (m['handler_s'] + m['session_s']) / max(1, m['clocked_calls']):.2f} ms/call"
+                                                       if name != "env" else ""))
+        return warm
+    finally:
+        for runner in runners.values():
+            await runner.close()
+        await server.close()
+        env.close()
+
+
+
+def run(s: GWSettings, progress=print) -> dict:
+    from transformers import AutoTokenizer
+
+    from seer.fleet.pool import InstancePool
+    from seer.kvpool import KVPool
+    from seer.kvpool.config import KVPoolConfig
+    from seer.model import ensure_model
+    from seer.procs import cpu_sets
+
+    from bench.harness.instances import instance_specs
+    from bench.multiturn_compare import _commit
+
+    model_dir = ensure_model(s.model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = _records(s, s.groups * s.iterations, tok)
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    provenance = _commit()
+    t0 = time.monotonic()
+    kv = KVPool.start(KVPoolConfig(capacity_bytes=s.kv_pool_bytes), out / "kvpool")
+    runs: list[dict] = []
+    checks: list[dict] = []
+    try:
+        specs = [kv.configure(x) for x in instance_specs(s, model_dir, cpu_sets(s.instances), prefix="pool-inst")]
+        progress(f"starting {len(specs)} vLLM instances on the KV pool")
+        with InstancePool.launch(specs, out / "logs") as ipool:
+            progress(f"instances ready in {time.monotonic() - t0:.0f} s")
+            clients = ipool.clients
+
+            async def go() -> dict:
+                try:
+                    return await compare(clients, s, tok, model_dir, prompts, runs, checks, progress)
+                finally:
+                    await ipool.aclose_clients()
+
+            warm = asyncio.run(go())
+    finally:
+        kv.close()
+    tokens = token_checks(checks)
+    return write(s, runs, warm, tokens, out, time.monotonic() - t0, provenance)
+
+
+def token_checks(checks: list[dict]) -> dict:
+    """Per gateway configuration: its samples against the env run's of the same repeat and iteration."""
+    out: dict[str, dict] = {}
+    for c in checks:
+        if c["config"] == "env":
+            continue
+        env = next((x for x in checks if x["config"] == "env" and x["env_of"] == c["env_of"]), None)
+        if env is None:
+            continue
+        r = same_tokens(env["samples"], c["samples"])
+        same_reward = sum(1 for a, b in zip(sorted(env["samples"], key=_key), sorted(c["samples"], key=_key))
+                          if a.reward == b.reward)
+        row = out.setdefault(c["config"], {"samples": 0, "same": 0, "same_reward": 0, "differ": []})
+        row["samples"] += r["samples"]
+        row["same"] += r["same"]
+        row["same_reward"] += same_reward
+        row["differ"] += [[c["repeat"], c["iteration"], *d] for d in r["differ"]][:10 - len(row["differ"])]
+    return out
+
+
+def _key(x):
+    return (x.group_id, x.sample_index)
 
 
 def summarize(runs: Sequence[dict]) -> dict:
-    """Per configuration: model tokens/s over all its iterations' wall time, and ratios to env."""
+    """Per configuration: model tokens/s over all its iterations' wall time (and its min-max over
+    repeats), the ratio to env (per repeat, then the mean), and for the gateway its cost per call."""
     rows: dict[str, dict] = {}
     for name in dict.fromkeys(r["config"] for r in runs):
         mine = [r for r in runs if r["config"] == name]
@@ -196,10 +501,102 @@ def summarize(runs: Sequence[dict]) -> dict:
         rows[name] = {"iterations": len(mine), "model_tokens": tokens, "wall_s": round(wall, 3),
                       "model_tokens_per_s": round(tokens / wall, 1) if wall else None,
                       "wall_s_median": round(statistics.median(r["wall_s"] for r in mine), 3)}
+        reps = sorted({r.get("repeat", 0) for r in mine})
+        tps = {rep: sum(r["model_tokens"] for r in mine if r.get("repeat", 0) == rep)
+               / sum(r["wall_s"] for r in mine if r.get("repeat", 0) == rep) for rep in reps}
+        rows[name]["tokens_per_s_by_repeat"] = {str(k): round(v, 1) for k, v in tps.items()}
+        rows[name]["model_tokens_per_s_min"] = round(min(tps.values()), 1)
+        rows[name]["model_tokens_per_s_max"] = round(max(tps.values()), 1)
+        if all("calls" in r for r in mine):
+            calls = sum(r["calls"] or 0 for r in mine)
+            clocked = sum(r["clocked_calls"] for r in mine)
+            handler, session = sum(r["handler_s"] for r in mine), sum(r["session_s"] for r in mine)
+            rows[name].update(
+                calls=calls, calls_per_iteration=round(calls / len(mine), 1),
+                gateway_ms_per_call=round(1e3 * (handler + session) / clocked, 3) if clocked else None,
+                handler_ms_per_call=round(1e3 * handler / clocked, 3) if clocked else None,
+                session_ms_per_call=round(1e3 * session / clocked, 3) if clocked else None,
+                gateway_share_of_wall=round((handler + session) / wall, 4) if wall else None,
+                branches=sum(r["branches"] or 0 for r in mine), agent_errors=sum(r["agent_errors"] or 0 for r in mine))
     base = rows.get("env", {}).get("model_tokens_per_s")
+    env_by_rep = rows.get("env", {}).get("tokens_per_s_by_repeat", {})
     for row in rows.values():
         row["vs_env"] = round(row["model_tokens_per_s"] / base, 3) if base and row["model_tokens_per_s"] else None
+        pairs = [v / env_by_rep[k] for k, v in row["tokens_per_s_by_repeat"].items() if env_by_rep.get(k)]
+        row["vs_env_by_repeat"] = [round(x, 3) for x in pairs]
     return rows
+
+
+LABELS = {"env": "the calculator as an `Environment` (multi-turn rollout), context-aware on the pool",
+          "gateway": "the `openai`-client agent through the gateway, context-aware on the pool",
+          "gateway_loop": "the same, the agents on the driver's event loop (`agent.mode: loop`)",
+          "gateway_sticky": "the same agent through the gateway, session-sticky (whole turns, no pool)"}
+
+
+def command_line(s: GWSettings) -> str:
+    base = GWSettings()
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in asdict(s).items() if v != getattr(base, k)]
+    return " ".join(["python -m bench.agent_gateway", *flags])
+
+
+def write(s: GWSettings, runs: list[dict], warm: dict, tokens: dict, out: Path, elapsed_s: float,
+          provenance: dict) -> dict:
+    result = {"bench": "agent_gateway", "command": command_line(s), "settings": asdict(s),
+              "machine": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+              "elapsed_s": round(elapsed_s, 1), **provenance, "warm_up": warm, "configs": summarize(runs),
+              "same_tokens": tokens, "runs": runs}
+    (out / "agent_gateway.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "agent_gateway.md").write_text(markdown(result) + "\n")
+    return result
+
+
+def markdown(result: dict) -> str:
+    s, rows, tokens = result["settings"], result["configs"], result["same_tokens"]
+    lines = [
+        f"`{result['command']}` (commit {result.get('commit', '?')}{', dirty' if result.get('dirty') else ''}; "
+        f"calculator task, model `{s['model']}`, {s['groups']} groups x G={s['group_size']} per iteration, "
+        f"{s['iterations']} iterations per configuration and repeat, {s['repeats']} repeats alternating, "
+        f"{s['instances']} instances x 1 core on the KV pool, chunk {s['chunk_size']}, tool latency lognormal "
+        f"median {s['latency_median_s']} s sigma {s['latency_sigma']} (recorded per group and call), agent mode "
+        f"`{s['agent_mode']}` but in gateway_loop; {result.get('elapsed_s', 0):.0f} s in all, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in result.get('load_average', []))})",
+        "",
+        "| configuration | model tok/s (min-max) | vs env (per repeat) | wall s / iteration | calls / iteration | "
+        "gateway ms / call (request / session) | gateway share of wall | same tokens as env | same reward |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        ratio = "-" if r["vs_env"] is None else f"{r['vs_env']:.3f} ({', '.join(f'{x:.3f}' for x in r['vs_env_by_repeat'])})"
+        gw = r.get("gateway_ms_per_call")
+        cost = "-" if gw is None else f"{gw:.2f} ({r['handler_ms_per_call']:.2f} / {r['session_ms_per_call']:.2f})"
+        share = "-" if r.get("gateway_share_of_wall") is None else f"{100 * r['gateway_share_of_wall']:.1f}%"
+        t = tokens.get(name)
+        same = "-" if t is None else f"{t['same']}/{t['samples']}"
+        rew = "-" if t is None else f"{t['same_reward']}/{t['samples']}"
+        calls = "-" if "calls_per_iteration" not in r else f"{r['calls_per_iteration']:.0f}"
+        lines.append(f"| {LABELS.get(name, name)} | {r['model_tokens_per_s']:.0f} ({r['model_tokens_per_s_min']:.0f}-"
+                     f"{r['model_tokens_per_s_max']:.0f}) | {ratio} | {r['wall_s'] / r['iterations']:.2f} | {calls} | "
+                     f"{cost} | {share} | {same} | {rew} |")
+    w = result.get("warm_up", {})
+    lines += ["", f"Warm-up (the model on the real environment, untimed): {w.get('trajectories')} trajectories, "
+              f"{w.get('model_tokens')} model tokens, turns median {w.get('turns_median')} max {w.get('turns_max')}, "
+              f"longest turn {w.get('longest_turn_tokens')} tokens, {w.get('cut_by_budget')} cut by the budget.",
+              "", "Columns: model tok/s = the model's tokens (observations excluded) of every iteration over their "
+              "wall time (min-max over repeats); vs env = the ratio to the env configuration of the same repeat; "
+              "gateway ms / call = the gateway's own time per chat call in the driver's process: the request's time "
+              "in the server less its turn's time in the scheduler, and the session's matching, tokenizing and "
+              "delivering (`Gateway._take`, `_deliver`); share of wall = that time over all calls, over the "
+              "iterations' wall time; same tokens = samples whose prompt, response tokens and loss mask equal the "
+              "env run's of the same repeat and iteration (replayed model tokens and tool latencies)."]
+    return "\n".join(lines)
+
+
+def render(out: Path) -> dict:
+    """Rewrite `out/agent_gateway.md` from its json with this code."""
+    old = json.loads((out / "agent_gateway.json").read_text())
+    old["configs"] = summarize(old["runs"])
+    (out / "agent_gateway.md").write_text(markdown(old) + "\n")
+    return old
 
 
 def parse(argv: list[str] | None) -> GWSettings:
@@ -209,21 +606,14 @@ def parse(argv: list[str] | None) -> GWSettings:
     helps = field_comments(GWSettings)
     for name, default in asdict(GWSettings()).items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
-                        help=f"{helps[name]} (default: {default})")
+                        help=f"{helps[name]} (default: {default})".replace("%", "%%"))
     return GWSettings(**vars(ap.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    s = parse(argv)
-    if any(c.startswith("gateway") for c in s.configs.split(",")):
-        try:
-            import seer.rollout.gateway  # noqa: F401
-        except ImportError:
-            print("bench.agent_gateway: the gateway configurations need seer.rollout.gateway, which this "
-                  "checkout does not have yet (a skeleton until issue 30's gateway lands); nothing recorded")
-            return 2
-    raise SystemExit("bench.agent_gateway: the run itself is completed with the gateway (run_gateway_iteration); "
-                     f"settings were {json.dumps(asdict(s))}")
+    from bench.harness.instances import run_command
+
+    return run_command(argv, parse, run, markdown, render)
 
 
 if __name__ == "__main__":

@@ -233,16 +233,18 @@ async def warm_up(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: 
 
 
 async def calculator_samples(clients, s: MTSettings, prompts: list[PromptSpec], model_dir: Path, *,
-                             kv_pool: bool) -> list:
-    """The model's multi-turn samples on the real calculator environment (no tool latency), by group and sample."""
-    from transformers import AutoTokenizer
-
+                             kv_pool: bool, tok=None) -> list:
+    """The model's multi-turn samples on the real calculator environment (no tool latency), by group
+    and sample (`tok`: the model's tokenizer, loaded from `model_dir` if not given)."""
     from seer.rollout.base import RolloutContext, RolloutRequest
     from seer.rollout.multi_turn import multi_turn_rollout
     from seer.tasks.env import EnvConfig, EnvRunner
     from seer.tasks.reward import RewardRunner
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
     env = EnvRunner("calculator", EnvConfig(mode="thread", workers=16, max_turns=32), {"latency_median_s": 0.0})
     try:
         ctx = RolloutContext(clients, SchedulerConfig(policy="context", chunk_size=s.chunk_size,

@@ -434,3 +434,36 @@ def test_trainer_doc_tree_table_matches_the_recording():
         agrees(r["step s"], [rec["step_s"]], what)
         agrees(r["x faster than padded"], [w["speedup_vs_padded"][layout]], what)
         agrees(r["tokens/s per core"], [rec["tokens_per_s_per_core"]], what)
+
+
+# ---------------------------------------------------------------- bench.agent_gateway
+
+AGENT_GATEWAY_COLUMNS = {
+    "model tok/s (min-max)": ("model_tokens_per_s", "model_tokens_per_s_min", "model_tokens_per_s_max"),
+    "vs env": ("vs_env",),
+    "calls / iteration": ("calls_per_iteration",),
+    "gateway ms / call": ("gateway_ms_per_call",),
+}
+
+
+def test_agents_doc_gateway_table_matches_the_recording():
+    """docs/agents.md's comparison of the gateway and the Environment shows agent_gateway.json's numbers."""
+    header, rows = table_after(ROOT / "docs" / "agents.md", "### The gateway against the Environment",
+                               "configuration | model tok/s")
+    rec = load("agent_gateway/agent_gateway.json")
+    assert {label(r[0]).strip("`") for r in rows} == set(rec["configs"])
+    for row in rows:
+        name = label(row[0]).strip("`")
+        for col, cell in zip(header[1:], row[1:]):
+            if col == "same tokens as env":
+                if name == "env":
+                    assert cell == "-", f"env: {cell!r}"
+                else:
+                    t = rec["same_tokens"][name]
+                    agrees(cell, [t["same"], t["samples"]], f"agents.md {name} {col}")
+            elif col in AGENT_GATEWAY_COLUMNS:
+                values = [rec["configs"][name].get(k) for k in AGENT_GATEWAY_COLUMNS[col]]
+                if values[0] is None:
+                    assert cell == "-", f"agents.md {name} {col}: {cell!r}, recorded none"
+                else:
+                    agrees(cell, values, f"agents.md {name} {col}")

@@ -75,3 +75,27 @@ def test_both_calculator_paths_wait_the_recorded_latencies(monkeypatch):
     tool = CalculatorTool(ref)
     assert asyncio.run(tool("0012-9")) == "0003" and asyncio.run(tool("0003-3")) == "0000"
     assert waited == [0.01, 0.02, ("tool", 0.01), ("tool", 0.02)]
+
+
+def test_the_comparison_on_a_scripted_engine_gives_the_environment_s_tokens_through_the_gateway(tmp_path):
+    """bench.agent_gateway's whole comparison (warm-up, replay, both paths, the clock) over the gateway
+    tests' scripted engine instead of vLLM: every gateway sample holds the env run's tokens and mask,
+    and every chat call is clocked."""
+    from bench.agent_gateway import _records, compare, token_checks
+    from seer.model import ensure_model
+    from tests.gateway.test_gateway import TOK, CalcEngine
+
+    class Engine(CalcEngine):
+        async def reset_prefix_cache(self, external=False):
+            return True
+
+    s = GWSettings(groups=2, group_size=2, iterations=1, repeats=1, chunk_size=8, latency_median_s=0.0, agent_mode="loop",
+                   env_mode="thread", configs="env,gateway_loop", out=str(tmp_path))
+    runs, checks = [], []
+    warm = asyncio.run(compare([Engine("e0"), Engine("e1")], s, TOK, ensure_model(s.model),
+                               _records(s, s.groups, TOK), runs, checks, lambda m: None))
+    assert warm["trajectories"] == 4 and warm["cut_by_budget"] == 0
+    assert token_checks(checks)["gateway_loop"]["same"] == 4
+    gw = next(r for r in runs if r["config"] == "gateway_loop")
+    assert gw["calls"] == gw["clocked_calls"] > 4 and gw["agent_errors"] == 0 and gw["branches"] == 0
+    assert 0 < gw["handler_s"] + gw["session_s"] < gw["wall_s"]

@@ -158,8 +158,23 @@ SYSTEM = ("You count down to zero with the calculator tool. Call it with the cur
           "as in 0023-8, then continue from the value it returns. Stop once it returns zero.\n") * 2
 
 
+SDK_SESSION, COMMAND_SESSION = "-s2", "-s3"  # which sessions of a group seer-run's test agent gives to whom
+
+
 async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
-    """seer-run's test agent (any model, even an untrained one): three calls of a system prompt, the
+    """seer-run's test agent: one `task.agent` (module:function) that serves the three kinds of agent
+    in one run, by session: s2 is an OpenAI Agents SDK agent (`sdk_agent`), s3 a command line (a
+    program of its own, `command_agent`, started as the runner starts command agents), the others the
+    `openai`-client loop (`openai_agent`)."""
+    if session_id.endswith(SDK_SESSION):
+        return await sdk_agent(base_url, api_key, session_id, record)
+    if session_id.endswith(COMMAND_SESSION):
+        return await command_agent(base_url, api_key, session_id, record)
+    return await openai_agent(base_url, api_key, session_id, record)
+
+
+async def openai_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """An `openai`-client loop (any model, even an untrained one): three calls of a system prompt, the
     task and the calculator tool; a reply without a tool call gets a user nudge. Sessions s1 edit
     their history before the third call (they drop the first exchange): a branch."""
     from openai import AsyncOpenAI
@@ -183,6 +198,55 @@ async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) 
         return None  # the task's reward function scores the final transcript
     finally:
         await client.close()
+
+
+async def sdk_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """An OpenAI Agents SDK agent (chat completions model, tracing off): the calculator as a function
+    tool answering "0001"; two runs of the SDK's Runner, the second continuing the first's
+    conversation with a nudge (an untrained model rarely calls the tool), so at least two calls."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+    from agents.exceptions import MaxTurnsExceeded
+    from openai import AsyncOpenAI
+
+    @function_tool(name_override="calc")
+    async def calc(expression: str) -> str:
+        """Subtract: 'A-D' gives A minus D, zero-padded to A's width."""
+        return "0001"
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        counter = Agent(name="counter", instructions=SYSTEM, tools=[calc], model_settings=ModelSettings(max_tokens=10),
+                        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+        conversation: list | str = record["prompt"]
+        for _ in range(2):
+            try:
+                result = await Runner.run(counter, conversation, max_turns=3, run_config=RunConfig(tracing_disabled=True))
+            except MaxTurnsExceeded:  # a model that only calls the tool: its calls were made
+                return None
+            conversation = result.to_input_list() + [{"role": "user", "content": "\ngo on\n"}]
+    return None
+
+
+async def command_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
+    """The command-line agent `python -m tests.gateway.command_agent`, started with exactly the
+    environment the runner gives a command agent (seer.rollout.agents.session_env: OPENAI_BASE_URL,
+    OPENAI_API_KEY, SEER_RECORD, ...); its reward is what it writes to SEER_REWARD_FILE (or None)."""
+    import asyncio
+    import os
+    import sys
+    import tempfile
+
+    from seer.rollout.agents import AgentSession, session_env
+
+    with tempfile.TemporaryDirectory() as d:
+        reward_file = os.path.join(d, "reward")
+        env = {**os.environ, **session_env(AgentSession(session_id, base_url, api_key, record, MODEL), reward_file)}
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.gateway.command_agent", env=env,
+                                                    stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the command agent exited with {proc.returncode}: {err.decode()[-800:]}")
+        text = open(reward_file).read().strip() if os.path.exists(reward_file) else ""
+    return float(text) if text else None
 
 
 async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:

@@ -1,5 +1,9 @@
-"""Issue 30: `seer-run --sync` trains two iterations of an `openai`-client agent with function tools
-through the gateway, on real vLLM instances sharing the Mooncake pool. One run, several claims:
+"""Issue 30: `seer-run --sync` trains two iterations of agents with function tools through the
+gateway, on real vLLM instances sharing the Mooncake pool. `task.agent` is one module:function
+(tests.gateway.agents_for_tests:run_agent) that serves the three kinds of agent, by session: s0 and
+s1 an `openai`-client loop, s2 an OpenAI Agents SDK agent, s3 a command-line program (started with
+the environment the runner gives command agents; the runner's own command mode is tested on a
+scripted engine in tests/agent). One run, several claims:
 
 - the trainer's sequences are exactly the instances' tokens: every loss-mask-1 token is a token an
   instance returned at exactly that context, with its log-prob; every mask-0 token is one the gateway
@@ -60,7 +64,7 @@ def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_mov
              "--set", "task.name=calculator", "--set", "model.preset=tiny", "--set", f"instances.urls={urls}",
              "--set", "task.agent=tests.gateway.agents_for_tests:run_agent",
              "--set", "rollout.function=tests.gateway.recording_rollout:recording_gateway_rollout",
-             "--set", "task.num_prompts=2", "--set", "rollout.groups_per_iteration=1", "--set", "rollout.group_size=2",
+             "--set", "task.num_prompts=2", "--set", "rollout.groups_per_iteration=1", "--set", "rollout.group_size=4",
              "--set", "rollout.max_tokens=16", "--set", "scheduler.chunk_size=4",
              "--set", "scheduler.policy=seer.scheduler.policies.moving:MoveEveryChunk"],
             capture_output=True, text=True, timeout=500, env={**os.environ, "SEER_GATEWAY_RECORD": str(record)})
@@ -85,7 +89,7 @@ def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_mov
                 generated[(tuple(c["prompt"]) + tuple(c["out"][:i]), t)] = lp
         samples = sorted(rec["samples"], key=lambda s: (s["group_id"], s["sample_index"]))  # the trainer's order
         train = trainer_sequences(samples)
-        assert len(train) == len(samples) == 3  # 2 sessions, one branched: 3 leaves
+        assert len(train) == len(samples) == 5  # 4 sessions, one branched: 5 leaves
         for s, t in zip(samples, train, strict=True):
             full = s["prompt_ids"] + s["response_ids"]
             assert t["prompt_ids"] + t["response_ids"] == full and t["loss_mask"] == s["loss_mask"]
@@ -100,7 +104,11 @@ def test_seer_run_trains_a_gateway_agent_token_exact_with_branches_and_turns_mov
         assert len(branched) == 2 and branched[0]["path"] == [0, 1] and branched[1]["path"] == [2]  # call 0 dropped
         assert len({t["advantage"] for t, s in zip(train, samples) if s["session"].endswith("-s1")}) == 1
         assert rec["extra"]["gateway_branches"] == 1 and rec["extra"]["agent_errors"] == 0
-        assert rec["extra"]["gateway_calls"] == 6
+        by_kind = {s["session"].rsplit("-", 1)[1]: s for s in samples if s["request_id"] == s["session"]}  # finals
+        assert by_kind["s0"]["path"] == [0, 1, 2] and by_kind["s3"]["path"] == [0, 1, 2]  # openai loop, command line
+        sdk_calls = len(by_kind["s2"]["path"])
+        assert sdk_calls >= 2 and by_kind["s2"]["path"] == list(range(sdk_calls))  # the SDK's two runs, one session
+        assert rec["extra"]["gateway_calls"] == 9 + sdk_calls
         moved = {tuple(s["instances"]) for s in samples}
         assert all(len(set(i)) == 2 for i in moved)  # every session ran on both instances
     assert recs[0]["chunks_migrated"] > 0
