@@ -319,6 +319,12 @@ def validate(cfg: RunConfig) -> None:
     _require(0 < s.kv_budget_fraction <= 1, "scheduler.kv_budget_fraction", f"must be in (0, 1], got {s.kv_budget_fraction}")
     _require(not policy.reads_true_lengths, "scheduler.policy",
              f"{s.policy} needs true lengths from a previous run and is for benchmarks only (seer-bench)")
+    from seer.trainer.algorithms import AlgorithmError, check_config  # torch-free: names and arguments only
+
+    try:
+        check_config(cfg.trainer, r.max_tokens)
+    except AlgorithmError as e:
+        raise ConfigError(str(e)) from None
     _require(cfg.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {cfg.train.checkpoint_every}")
     t = cfg.task
     _require(t.dataset is None or t.loader is None, "task.loader",

@@ -21,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
 from seer.trainer import losses, tp_shard
+from seer.trainer.algorithms import Algorithms
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, response_logprobs, shard_by_tokens
@@ -33,7 +34,7 @@ from seer.trainer.model import build_gpt_model, forward_logits, load_hf_weights,
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
 CHECKPOINT_FORMAT = 2  # full (unsharded) tensors by parameter name: resumable at any world size
-_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl")
+_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl", "is_weight")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Trainer:
             betas=self.config.betas,
             eps=self.config.adam_eps,
         )
+        self.algorithms = Algorithms.from_config(self.config)  # seer.trainer.algorithms: the registry's choices
         self.iteration = 0
         self.captured_grads: list[dict[str, torch.Tensor]] | None = None  # a list: keep each step's reduced gradients
 
@@ -213,11 +215,10 @@ class Trainer:
     # ---- GRPO ------------------------------------------------------------------------------
 
     def sequences_from_batch(self, batch: RolloutBatch) -> list[TrainSequence]:
-        """Samples -> TrainSequences with GRPO advantages (missing rewards count as 0)."""
-        samples = [s for group in batch.groups().values() for s in group]
-        rewards = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])
-        group_ids = torch.tensor([s.group_id for s in samples])
-        adv = losses.grpo_advantages(rewards, group_ids, normalize_std=self.config.normalize_adv_std)
+        """Samples -> TrainSequences with the configured advantages (missing rewards count as 0)."""
+        groups = list(batch.groups().values())
+        samples = [s for group in groups for s in group]
+        adv = [a for group in self.algorithms.advantages(groups) for a in group]  # trainer.advantage_estimator
         return [
             TrainSequence(
                 prompt_ids=list(s.prompt.prompt_ids),
@@ -226,7 +227,7 @@ class Trainer:
                 rollout_logprobs=response_logprobs(s.logprobs, s.loss_mask, len(s.response_ids)),
                 loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
             )
-            for s, a in zip(samples, adv.tolist(), strict=True)
+            for s, a in zip(samples, adv, strict=True)
             if s.response_ids
         ]
 
@@ -268,10 +269,14 @@ class Trainer:
                 logprobs = losses.token_logprobs(logits, mb.targets, cfg.temperature)
                 if k == 0:
                     self._set_old_logprobs(mb, logprobs.detach(), totals)
-                terms = losses.ppo_clip_terms(
-                    logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high
-                )
-                loss = losses.aggregate(terms.loss, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
+                terms = self.algorithms.loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, cfg)
+                per_token = terms.loss
+                weights = self.algorithms.correction_weights(
+                    mb.old_logprobs, mb.rollout_logprobs, mb.mask * mb.has_rollout_logprobs.unsqueeze(1).to(mb.mask.dtype))
+                if weights is not None:  # trainer.rollout_correction: pi_old / pi_rollout, truncated or masked
+                    per_token = per_token * weights
+                    totals.add("is_weight", weights, mb.mask)
+                loss = losses.aggregate(per_token, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
                 entropy = losses.entropy_from_logits(logits if cfg.entropy_coef else logits.detach(), cfg.temperature)
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * losses.aggregate(entropy, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
@@ -314,7 +319,8 @@ class Trainer:
             sequences=len(seqs),
             zero_adv_fraction=n_zero / len(seqs),
             time_s=time.perf_counter() - t0,
-            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini},
+            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini,
+                   **({"rollout_is_weight_mean": totals.mean("is_weight")} if self.algorithms.correction else {})},
         )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
