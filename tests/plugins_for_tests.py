@@ -98,3 +98,18 @@ def per_session_baseline(groups):
         base = sum(sum(v) / len(v) for v in sessions.values()) / len(sessions)
         out.append([r - base for r in g.rewards])
     return out
+
+
+def numbered(n: int = 12) -> list[dict]:
+    """A loader whose references carry each prompt's number (half_constant reads it)."""
+    return [{"prompt": f"count to {i + 2}:", "number": i} for i in range(n)]
+
+
+def half_constant(response_text: str, reference: dict) -> float:
+    """Dynamic sampling's test reward: even-numbered prompts score a constant (an all-equal group),
+    the others the parity of the text's checksum (informative, almost surely)."""
+    import zlib
+
+    if reference["number"] % 2 == 0:
+        return 1.0
+    return float(zlib.crc32(response_text.encode()) % 2)

@@ -27,15 +27,32 @@ from seer.types import InstanceBackend, InstanceDrop, PromptSpec, RolloutBatch, 
 
 
 @dataclass(frozen=True)
+class DynamicSampling:
+    """rollout.dynamic_sampling (DAPO's, on-policy): the batch is `len(prompts)` groups whose rewards
+    differ, drawn from the data stream in order (seer.rollout.dynamic says how)."""
+
+    # (offset from the iteration's first prompt, count) -> the data stream's prompts there; offset 0
+    # gives the request's own `prompts` first
+    more_prompts: Callable[[int, int], Sequence[PromptSpec]]
+    extra_groups: int = 0  # dispatched with the first round beyond the batch: the expected all-equal groups
+    max_groups: int = 0  # the most groups one iteration dispatches, all rounds together
+
+
+@dataclass(frozen=True)
 class RolloutRequest:
     """What one iteration's rollout must produce: `group_size` samples of each prompt, drawn with
-    the weights of `weight_version` (every sample records it)."""
+    the weights of `weight_version` (every sample records it).
+
+    With `dynamic` set the batch holds as many groups as `prompts` does, all of differing rewards,
+    and the rollout reports in `stats.extra["prompts_consumed"]` how far into the data stream it
+    went (a rollout that ignores `dynamic` consumed `len(prompts)`)."""
 
     iteration: int
     prompts: Sequence[PromptSpec]
     group_size: int
     sampling: SamplingParams
     weight_version: int = 0
+    dynamic: DynamicSampling | None = None
 
 
 @dataclass
@@ -70,4 +87,4 @@ def dropped_instances(result: RolloutResult) -> list[InstanceDrop]:
     return [InstanceDrop(name, why, round(t - result.start_time, 3)) for name, why, t in result.dropped]
 
 
-__all__ = ["RolloutContext", "RolloutFunction", "RolloutRequest", "dropped_instances", "iteration_sampling"]
+__all__ = ["DynamicSampling", "RolloutContext", "RolloutFunction", "RolloutRequest", "dropped_instances", "iteration_sampling"]

@@ -1,0 +1,142 @@
+"""rollout.dynamic_sampling: the batch is the first N informative groups in dispatch order, on the
+iteration's weights, and the prompt cursor moves past them; one real `seer-run --sync` checks it end to end.
+
+The unit tests drive seer.rollout.dynamic with a round runner that finishes samples in a chosen
+order and honours `stop_when` as the driver does; the run uses the session's vLLM instances."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from seer.rollout.base import DynamicSampling, RolloutRequest
+from seer.rollout.dynamic import dynamic_rollout, enough_informative, extra_groups_for
+from seer.scheduler.driver import RolloutResult
+from seer.types import PromptSpec, Sample, SamplingParams
+
+G = 2
+
+
+def stream(kinds: str) -> list[PromptSpec]:
+    """The data stream: 'i' an informative prompt (rewards 0, 1), 'e' an all-equal one (1, 1)."""
+    return [PromptSpec(i, k, [1], {"kind": k}) for i, k in enumerate(kinds)]
+
+
+class Rounds:
+    """A round runner: samples finish longest-dispatched-last reversed (the last group first), each
+    rewarded at once; `stop_when` is asked after every sample, as the driver asks it."""
+
+    def __init__(self):
+        self.rounds: list[list[int]] = []  # dataset indices dispatched per round
+
+    async def __call__(self, prompts, round_index, stop_when):
+        self.rounds.append([p.index for p in prompts])
+        done: list[Sample] = []
+        for g in reversed(range(len(prompts))):  # finish order: the opposite of dispatch order
+            for i in range(G):
+                reward = float(i) if prompts[g].reference["kind"] == "i" else 1.0
+                done.append(Sample(g, i, f"r{round_index}-g{g}-s{i}", prompts[g], [5], [], "stop", 0.0, 0.0, [],
+                                   weight_version=7, reward=reward))
+                if stop_when(done):
+                    return RolloutResult("test", sorted(done, key=lambda s: (s.group_id, s.sample_index)), [], [],
+                                         0.0, 1.0)
+        return RolloutResult("test", done, [], [], 0.0, 1.0)
+
+
+def run(kinds: str, target: int, extra: int = 0, max_groups: int = 0):
+    data = stream(kinds)
+    req = RolloutRequest(0, data[:target], G, SamplingParams(), 7,
+                         dynamic=DynamicSampling(lambda off, n: data[off:off + n], extra, max_groups))
+    rounds = Rounds()
+    out = asyncio.run(dynamic_rollout(req, rounds))
+    return out, rounds.rounds
+
+
+def test_kept_groups_are_the_first_informative_ones_in_dispatch_order_not_finish_order():
+    # e i e i i i: with 6 groups at once the last ones finish first, yet the batch is groups 1 and 3
+    out, rounds = run("eieiii", target=2, extra=4)
+    kept = sorted({s.prompt.index for s in out.samples})
+    assert kept == [1, 3] and rounds == [[0, 1, 2, 3, 4, 5]]
+    assert out.counts["prompts_consumed"] == 4  # 4 and 5 return to the stream: the next iteration starts there
+    assert out.counts["dynamic_all_equal_groups"] == 2 and out.counts["dynamic_refill_rounds"] == 0
+    assert {s.weight_version for s in out.samples} == {7}
+
+
+def test_a_refill_round_draws_the_next_prompts_when_the_first_falls_short():
+    out, rounds = run("eeiie" + "iiii", target=3)
+    assert rounds[0] == [0, 1, 2] and rounds[1][:2] == [3, 4]  # the second round continues the stream
+    assert sorted({s.prompt.index for s in out.samples}) == [2, 3, 5]
+    # group ids are dispatch positions over both rounds, so no two groups share one
+    assert sorted({s.group_id for s in out.samples}) == [2, 3, 5]
+    assert out.counts["dynamic_refill_rounds"] >= 1 and out.counts["dynamic_short_groups"] == 0
+    assert out.counts["prompts_consumed"] == 6
+
+
+def test_at_most_max_groups_then_the_batch_is_filled_with_all_equal_groups_in_order():
+    out, rounds = run("eieeeeee", target=3, max_groups=4)
+    assert sum(len(r) for r in rounds) == 4
+    assert sorted({s.prompt.index for s in out.samples}) == [0, 1, 2]  # 1 informative + 2 all-equal fillers
+    assert out.counts["dynamic_short_groups"] == 2 and out.counts["prompts_consumed"] == 4
+
+
+def test_stop_waits_for_every_earlier_group_and_its_rewards():
+    p = stream("ii")
+    s = [Sample(g, i, "", p[g], [5], [], "stop", 0.0, 0.0, [], reward=float(i)) for g in (0, 1) for i in range(G)]
+    stop = enough_informative(1, G, 2)
+    assert not stop(s[2:])  # group 1 is complete, group 0 not yet: it comes first
+    s[1].reward = None
+    assert not stop(s)  # group 0 finished, a reward still being computed
+    s[1].reward = 1.0
+    assert stop(s)
+
+
+def test_spare_groups_follow_the_observed_share_of_all_equal_groups():
+    assert extra_groups_for(8, None) == 0
+    assert extra_groups_for(8, 0.5) == 8  # 8 / (1 - .5) - 8
+    assert extra_groups_for(4, 0.25) == 2  # ceil(5.33) - 4
+    assert extra_groups_for(4, 1.0) == 36  # capped at a 0.9 share: 4 / .1 - 4
+
+
+# ---- one real run ------------------------------------------------------------------------------
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_dynamic_sampling_run_trains_on_informative_on_policy_groups(vllm_pool, restore_base_weights, tmp_path):
+    """Two iterations of `seer-run --sync` on the session's instances with a reward that makes
+    every other prompt's group all-equal: each batch holds groups_per_iteration informative groups
+    of the iteration's weight version, the all-equal ones were replaced, and the record says how."""
+    run_dir = tmp_path / "run"
+    sets = {
+        "instances.urls": "[" + ",".join(c.base_url for c in vllm_pool.clients) + "]",
+        "model.preset": "tiny", "task.loader": "tests.plugins_for_tests:numbered", "task.loader_args": "{n: 12}",
+        "task.reward": "tests.plugins_for_tests:half_constant", "rollout.groups_per_iteration": 3,
+        "rollout.group_size": 4, "rollout.max_tokens": 24, "rollout.dynamic_sampling": "true",
+        "kvpool.enabled": "false", "trainer.mini_batches": 1, "train.keep_checkpoints": 2,
+    }
+    cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "2", "--run-dir", str(run_dir)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["weight_version"] for x in recs] == [0, 1]
+    consumed = 0
+    for it, rec in enumerate(recs):
+        samples = [json.loads(x) for x in (run_dir / "rollouts" / f"iter_{it:04d}.jsonl").read_text().splitlines()]
+        groups: dict[int, list] = {}
+        for s in samples:
+            groups.setdefault(s["group_id"], []).append(s)
+        assert len(groups) == 3 and all(len(g) == 4 for g in groups.values())
+        assert {s["weight_version"] for s in samples} == {it}  # strictly on-policy, refills included
+        assert all(len({s["reward"] for s in g}) > 1 for g in groups.values())  # informative only
+        # even-numbered prompts score a constant: at least one such group was judged and replaced
+        assert rec["dynamic_all_equal_groups"] >= 1 and rec["dynamic_short_groups"] == 0
+        assert rec["dynamic_groups_dispatched"] == 3 + rec["dynamic_refill_groups"] >= 4
+        assert rec["dynamic_refill_rounds"] >= 0 and rec["zero_adv_fraction"] == 0.0
+        consumed += rec["prompts_consumed"]
+    state = json.loads((run_dir / "checkpoints" / "iter_0001" / "loop_state.json").read_text())
+    assert state["prompt_cursor"] == consumed  # what a resumed run continues from
