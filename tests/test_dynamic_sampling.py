@@ -140,3 +140,25 @@ def test_a_dynamic_sampling_run_trains_on_informative_on_policy_groups(vllm_pool
         consumed += rec["prompts_consumed"]
     state = json.loads((run_dir / "checkpoints" / "iter_0001" / "loop_state.json").read_text())
     assert state["prompt_cursor"] == consumed  # what a resumed run continues from
+
+
+def test_the_prompt_cursor_is_committed_with_a_checkpoint_and_read_back(tmp_path):
+    """What --resume continues from; a checkpoint from before the cursor was kept reads as None
+    (the loop then uses iteration x groups, which is what such a run drew)."""
+    import json as _json
+
+    from seer.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.commit_checkpoint(0, 1, keep=3)
+    assert run.latest_checkpoint().prompt_cursor is None
+    run.commit_checkpoint(1, 2, keep=3, prompt_cursor=13)
+    assert run.latest_checkpoint().prompt_cursor == 13
+    assert _json.loads((run.checkpoint_dir(1) / "loop_state.json").read_text())["prompt_cursor"] == 13
+
+
+def test_max_groups_below_the_batch_is_a_config_error():
+    from seer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"rollout\.dynamic_sampling_max_groups"):
+        load_config(None, ["rollout.groups_per_iteration=4", "rollout.dynamic_sampling_max_groups=3"])
