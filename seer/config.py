@@ -71,7 +71,7 @@ class RolloutConfig:
     reward_timeout_s: float | None = BOUNDS.reward_s
     # DAPO's dynamic sampling, on-policy: groups whose rewards are all equal are replaced by fresh
     # groups of the data stream within the iteration, on the same weights, until the batch holds
-    # groups_per_iteration informative groups (seer.rollout.dynamic; single-turn rollout).
+    # groups_per_iteration informative groups (seer.rollout.dynamic; docs/trainer.md "Dynamic sampling").
     dynamic_sampling: bool = False
     dynamic_sampling_max_groups: int | None = None  # the most groups an iteration dispatches; None: 4 x groups_per_iteration
 

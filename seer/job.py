@@ -49,9 +49,6 @@ class Job:
         from seer.model import resolve_model
 
         rollout_fn = resolve(rollout_function(cfg), key="rollout.function")
-        if cfg.rollout.dynamic_sampling and rollout_function(cfg) == MULTI_TURN_ROLLOUT:
-            raise ConfigError("rollout.dynamic_sampling: the multi-turn rollout does not implement it yet "
-                              "(the single-turn rollout and custom rollout functions reading RolloutRequest.dynamic do)")
         run = RunDir(resolve_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite))
         with step(console, "Preparing the model (first use builds and warm-starts the embedded default)",
                   cfg.logging.progress_interval_s):

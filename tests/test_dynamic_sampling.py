@@ -162,3 +162,35 @@ def test_max_groups_below_the_batch_is_a_config_error():
 
     with pytest.raises(ConfigError, match=r"rollout\.dynamic_sampling_max_groups"):
         load_config(None, ["rollout.groups_per_iteration=4", "rollout.dynamic_sampling_max_groups=3"])
+
+
+@pytest.mark.timeout(60)
+def test_the_multi_turn_rollout_runs_dynamic_sampling_rounds_up_to_max_groups():
+    """On the scripted engines (no vLLM): every trajectory scores 1, so every group is all-equal;
+    the rounds go on to max_groups and the batch is filled in dispatch order, on the request's weights."""
+    from seer.rollout.base import RolloutContext
+    from seer.rollout.multi_turn import multi_turn_rollout
+    from seer.scheduler import SchedulerConfig
+    from seer.tasks.env import EnvConfig, EnvRunner
+    from seer.tasks.reward import RewardRunner
+    from tests.multiturn.test_turns import ScriptedEngine, decode, prompts
+
+    env = EnvRunner("tests.multiturn.envs_for_tests:ScriptEnv", EnvConfig(mode="thread", stop=("</c>",)),
+                    {"obs": (61,), "turns": 2})
+    ctx = RolloutContext([ScriptedEngine("i0"), ScriptedEngine("i1")],
+                         SchedulerConfig(policy="context", chunk_size=4, kv_capacity_tokens=10_000, block_size=1,
+                                         telemetry_interval_s=0.01),
+                         RewardRunner("seer.tasks.env:zero_reward"), env=env, decode=decode,
+                         encode=lambda text: [ord(c) for c in text])
+    data = prompts(8)
+    req = RolloutRequest(0, data[:2], 2, SamplingParams(max_tokens=60), 3,
+                         dynamic=DynamicSampling(lambda off, n: data[off:off + n], extra_groups=1, max_groups=5))
+    try:
+        batch = asyncio.run(multi_turn_rollout(ctx, req))
+    finally:
+        env.close()
+    x = batch.stats.extra
+    assert x["dynamic_groups_dispatched"] == 5 and x["dynamic_refill_rounds"] >= 1
+    assert x["dynamic_all_equal_groups"] == 5 and x["dynamic_short_groups"] == 2 and x["prompts_consumed"] == 5
+    assert sorted({s.prompt.index for s in batch.samples}) == [0, 1]  # the fill: the first two, in dispatch order
+    assert {s.weight_version for s in batch.samples} == {3} and len(batch.samples) == 4

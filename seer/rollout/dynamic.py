@@ -42,7 +42,8 @@ from seer.types import PromptSpec, Sample
 MAX_GROUPS_FACTOR = 4  # rollout.dynamic_sampling_max_groups when unset: this many times the batch's groups
 MAX_ALL_EQUAL_SHARE = 0.9  # a refill round is sized as if at most this share were all-equal
 
-# (prompts, round index, stop_when) -> the round's result, every finished sample rewarded
+# (prompts, round index, stop_when) -> the round's result, every finished sample rewarded (the
+# single-turn and multi-turn rollouts each pass their driver.run)
 RoundRunner = Callable[[Sequence[PromptSpec], int, StopCallback], Awaitable[RolloutResult]]
 
 
