@@ -240,3 +240,14 @@ def test_a_correction_that_rejects_every_token_leaves_no_gradient(tiny_qwen2):
         # pi_old / pi_rollout = e^3 on every token: truncated to the cap (2), or rejected (0)
         assert m.extra["rollout_is_weight_mean"] == pytest.approx(0.0 if zero else 2.0, abs=1e-5)
         assert m.record()["rollout_is_weight_mean"] == m.extra["rollout_is_weight_mean"]
+
+
+def test_print_config_names_every_registry_entry_of_each_key():
+    """`seer-run --print-config` is the config's help: each key's line lists the registry's names,
+    so an entry added to the registry without its help fails here."""
+    from seer.config_help import config_keys, one_line
+
+    helps = {k.key: one_line(k.description) for k in config_keys()}  # the printed line, as cut
+    for kind, table in alg._TABLES.items():
+        for name in table:
+            assert name in helps[f"trainer.{kind}"], (kind, name)
