@@ -82,9 +82,19 @@ def iteration_sampling(req: RolloutRequest) -> SamplingParams:
     return replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
 
 
+def driver_args(ctx: RolloutContext, req: RolloutRequest, round_index: int = 0) -> dict:
+    """The keywords of `RolloutDriver.run` every built-in rollout passes: the request's group size,
+    sampling, weights and the context's oracle and progress; request ids `it<i>-` (a dynamic-sampling
+    round after the first: `it<i>-r<k>-`, so no two rounds share an id)."""
+    return {"group_size": req.group_size, "sampling": iteration_sampling(req), "weight_version": req.weight_version,
+            "request_id_prefix": f"it{req.iteration}-" + (f"r{round_index}-" if round_index else ""),
+            "true_lengths": ctx.true_lengths, "on_progress": ctx.on_progress}
+
+
 def dropped_instances(result: RolloutResult) -> list[InstanceDrop]:
     """The instances the driver dropped mid-rollout, for `RolloutBatch.dropped` (the fleet drops them too)."""
     return [InstanceDrop(name, why, round(t - result.start_time, 3)) for name, why, t in result.dropped]
 
 
-__all__ = ["DynamicSampling", "RolloutContext", "RolloutFunction", "RolloutRequest", "dropped_instances", "iteration_sampling"]
+__all__ = ["DynamicSampling", "RolloutContext", "RolloutFunction", "RolloutRequest", "driver_args", "dropped_instances",
+           "iteration_sampling"]

@@ -172,3 +172,13 @@ def merge_results(results: Sequence[RolloutResult]) -> RolloutResult:
         unfinished=[u for r in results for u in r.unfinished],
         env_waits=[w for r in results for w in r.env_waits],
     )
+
+
+async def run_rounds(req: RolloutRequest, run_round: RoundRunner) -> tuple[RolloutResult, list[Sample], dict]:
+    """A rollout's rounds: one (`req.dynamic` unset: every sample, no counts) or dynamic sampling's;
+    (the rounds as one result for the stats, the batch's samples, the counts for its record)."""
+    if req.dynamic is None:
+        result = await run_round(list(req.prompts), 0, None)
+        return result, result.samples, {}
+    outcome = await dynamic_rollout(req, run_round)
+    return merge_results(outcome.results), outcome.samples, outcome.counts

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
-from seer.rollout.dynamic import dynamic_rollout, merge_results
+from seer.rollout.base import RolloutContext, RolloutRequest, driver_args, dropped_instances
+from seer.rollout.dynamic import run_rounds
 from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.scheduler.turns import StopMatcher, TurnEnd, TurnReply
@@ -91,31 +91,16 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
 
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
 
-    async def run_round(round_prompts, round_index: int, stop_when=None):
+    async def run_round(round_prompts, round_index: int, stop_when):
         prompts[:] = round_prompts
-        result = await driver.run(
-            prompts,
-            group_size=req.group_size,
-            sampling=iteration_sampling(req),
-            weight_version=req.weight_version,
-            request_id_prefix=f"it{req.iteration}-" + (f"r{round_index}-" if round_index else ""),
-            true_lengths=ctx.true_lengths,
-            on_sample_finished=on_sample,
-            on_progress=ctx.on_progress,
-            turns=StopMatcher(env.stop, decode, cfg.max_turn_tokens),
-            on_turn_end=on_turn_end,
-            stop_when=stop_when,
-        )
+        result = await driver.run(prompts, **driver_args(ctx, req, round_index), on_sample_finished=on_sample,
+                                  turns=StopMatcher(env.stop, decode, cfg.max_turn_tokens), on_turn_end=on_turn_end,
+                                  stop_when=stop_when)
         for u in result.unfinished:  # stopped mid-trajectory (dynamic sampling had enough): its environment goes
             env.discard(u.request_id)
         return result
 
-    if req.dynamic is None:
-        result = await run_round(list(req.prompts), 0)
-        samples, counts = result.samples, {}
-    else:
-        outcome = await dynamic_rollout(req, run_round)
-        result, samples, counts = merge_results(outcome.results), outcome.samples, outcome.counts
+    result, samples, counts = await run_rounds(req, run_round)
     names = [b.name for b in ctx.backends]
     stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(turn_summary(result.samples, outcomes, env.stats, before))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
-from seer.rollout.dynamic import dynamic_rollout, merge_results
+from seer.rollout.base import RolloutContext, RolloutRequest, driver_args, dropped_instances
+from seer.rollout.dynamic import run_rounds
 from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.types import RolloutBatch
@@ -22,27 +22,13 @@ async def single_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollo
     reward is in. Instances the driver had to drop are in `RolloutBatch.dropped`."""
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
 
-    async def run_round(prompts, round_index: int, stop_when=None):
-        result = await driver.run(
-            prompts,
-            group_size=req.group_size,
-            sampling=iteration_sampling(req),
-            weight_version=req.weight_version,
-            request_id_prefix=f"it{req.iteration}-" + (f"r{round_index}-" if round_index else ""),
-            true_lengths=ctx.true_lengths,
-            on_sample_finished=ctx.rewards.submit,
-            on_progress=ctx.on_progress,
-            stop_when=stop_when,
-        )
+    async def run_round(prompts, round_index: int, stop_when):
+        result = await driver.run(prompts, **driver_args(ctx, req, round_index), on_sample_finished=ctx.rewards.submit,
+                                  stop_when=stop_when)
         await ctx.rewards.wait_all()
         return result
 
-    if req.dynamic is None:
-        result = await run_round(req.prompts, 0)
-        samples, counts = result.samples, {}
-    else:
-        outcome = await dynamic_rollout(req, run_round)
-        result, samples, counts = merge_results(outcome.results), outcome.samples, outcome.counts
+    result, samples, counts = await run_rounds(req, run_round)
     names = [b.name for b in ctx.backends]
     phases = [("generate", result.start_time, result.end_time), ("reward tail", result.end_time, time.monotonic())]
     stats = stats_from_result(result, req.iteration, names)
