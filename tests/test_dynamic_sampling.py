@@ -130,13 +130,14 @@ def test_a_dynamic_sampling_run_trains_on_informative_on_policy_groups(vllm_pool
         groups: dict[int, list] = {}
         for s in samples:
             groups.setdefault(s["group_id"], []).append(s)
-        assert len(groups) == 3 and all(len(g) == 4 for g in groups.values())
-        assert {s["weight_version"] for s in samples} == {it}  # strictly on-policy, refills included
-        assert all(len({s["reward"] for s in g}) > 1 for g in groups.values())  # informative only
+        seen = (rec, groups)  # shown if an assertion fails
+        assert len(groups) == 3 and all(len(g) == 4 for g in groups.values()), seen
+        assert {s["weight_version"] for s in samples} == {it}, seen  # strictly on-policy, refills included
+        assert all(len({s["reward"] for s in g}) > 1 for g in groups.values()), seen  # informative only
         # even-numbered prompts score a constant: at least one such group was judged and replaced
-        assert rec["dynamic_all_equal_groups"] >= 1 and rec["dynamic_short_groups"] == 0
-        assert rec["dynamic_groups_dispatched"] == 3 + rec["dynamic_refill_groups"] >= 4
-        assert rec["dynamic_refill_rounds"] >= 0 and rec["zero_adv_fraction"] == 0.0
+        assert rec["dynamic_all_equal_groups"] >= 1 and rec["dynamic_short_groups"] == 0, seen
+        assert rec["dynamic_groups_dispatched"] == 3 + rec["dynamic_refill_groups"] >= 4, seen
+        assert rec["dynamic_refill_rounds"] >= 0 and rec["zero_adv_fraction"] == 0.0, seen
         consumed += rec["prompts_consumed"]
     state = json.loads((run_dir / "checkpoints" / "iter_0001" / "loop_state.json").read_text())
     assert state["prompt_cursor"] == consumed  # what a resumed run continues from
