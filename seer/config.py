@@ -71,6 +71,11 @@ class RolloutConfig:
     # Per reward call; past it the sample is a reward error. 300 s by default (UserCodeBounds):
     # generous, but a hung reward no longer stalls the run forever (null: no limit).
     reward_timeout_s: float | None = BOUNDS.reward_s
+    # DAPO's dynamic sampling, on-policy: groups whose rewards are all equal are replaced by fresh
+    # groups of the data stream within the iteration, on the same weights, until the batch holds
+    # groups_per_iteration informative groups (seer.rollout.dynamic; docs/trainer.md "Dynamic sampling").
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_groups: int | None = None  # the most groups an iteration dispatches; None: 4 x groups_per_iteration
 
     def reward_runner(self, reward: str, decode=None, log=None) -> RewardRunner:
         """The RewardRunner these `rollout.reward_*` settings describe, for `reward` ("module:function");
@@ -300,6 +305,9 @@ def validate(cfg: RunConfig) -> None:
                  f"{r.max_tokens} leaves no room for a prompt within model.max_model_len={cfg.model.max_model_len}")
     _require(r.temperature >= 0, "rollout.temperature", f"must be >= 0, got {r.temperature}")
     _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+    if r.dynamic_sampling_max_groups is not None:
+        _require(r.dynamic_sampling_max_groups >= r.groups_per_iteration, "rollout.dynamic_sampling_max_groups",
+                 f"must be >= rollout.groups_per_iteration ({r.groups_per_iteration}), got {r.dynamic_sampling_max_groups}")
     _require(r.reward_workers >= 1, "rollout.reward_workers", f"must be >= 1, got {r.reward_workers}")
     if r.reward_timeout_s is not None:
         _require(r.reward_timeout_s > 0, "rollout.reward_timeout_s", f"must be > 0 (or null: no limit), got {r.reward_timeout_s}")
@@ -323,6 +331,12 @@ def validate(cfg: RunConfig) -> None:
     _require(0 < s.kv_budget_fraction <= 1, "scheduler.kv_budget_fraction", f"must be in (0, 1], got {s.kv_budget_fraction}")
     _require(not policy.reads_true_lengths, "scheduler.policy",
              f"{s.policy} needs true lengths from a previous run and is for benchmarks only (seer-bench)")
+    from seer.trainer.algorithms import AlgorithmError, check_config  # torch-free: names and arguments only
+
+    try:
+        check_config(cfg.trainer, r.max_tokens)
+    except AlgorithmError as e:
+        raise ConfigError(str(e)) from None
     _require(cfg.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {cfg.train.checkpoint_every}")
     t = cfg.task
     _require(t.dataset is None or t.loader is None, "task.loader",

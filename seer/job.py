@@ -116,7 +116,8 @@ class Job:
             from seer.trainer.group import TrainerGroup
 
             pad = self.tokenizer.pad_token_id or 0
-            group = TrainerGroup.start(self.model_dir, replace(t, pad_token_id=pad))
+            group = TrainerGroup.start(self.model_dir, replace(t, pad_token_id=pad,
+                                                                  max_response_tokens=self.cfg.rollout.max_tokens))
         try:
             self.run.log(group.describe())
             self.console.print(group.describe())

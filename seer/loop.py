@@ -16,8 +16,9 @@ from rich.console import Console
 from seer.config import RunConfig
 from seer.job import Job
 from seer.metrics_log import SUMMARY_KEYS, iteration_record, plot_iterations, summary_table
-from seer.rollout.base import RolloutRequest
-from seer.tasks import iteration_prompts
+from seer.rollout.base import DynamicSampling, RolloutRequest
+from seer.rollout.dynamic import extra_groups_for
+from seer.tasks import draw_prompts
 from seer.watch.run import RunWatch
 
 
@@ -36,6 +37,10 @@ def run(cfg: RunConfig, console: Console | None = None, *, resume: bool = False,
 async def _iterate(job: Job) -> list[dict]:
     cfg, console = job.cfg, job.console
     start, version, ckpt = job.resume_point()
+    # The prompt stream's next draw position: iteration * groups unless dynamic sampling moved it
+    # (then the checkpoint holds it).
+    cursor = ckpt.prompt_cursor if ckpt is not None and ckpt.prompt_cursor is not None \
+        else start * cfg.rollout.groups_per_iteration
     records = job.metrics.records()
     if start >= cfg.iterations:
         console.print(f"nothing to do: {start} of {cfg.iterations} iterations already done")
@@ -51,24 +56,28 @@ async def _iterate(job: Job) -> list[dict]:
             with job.reward_runner() as rewards, job.env_runner() as env:
                 async with job.agent_gateway(ray_cluster) as gateway:
                     for it in range(start, cfg.iterations):
-                        record, version = await _one_iteration(job, fleet, rewards, env, trainer, it, version, watch,
-                                                               gateway)
+                        record, version, cursor = await _one_iteration(job, fleet, rewards, env, trainer, it, version,
+                                                                       cursor, watch, records[-1] if records else None,
+                                                                       gateway)
                         records.append(record)
     return records
 
 
-async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, version: int, watch: RunWatch,
-                         gateway=None) -> tuple[dict, int]:
+async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, version: int, cursor: int, watch: RunWatch,
+                         last: dict | None, gateway=None) -> tuple[dict, int, int]:
     cfg, console = job.cfg, job.console
     await fleet.prepare_rollout(version if trainer is not None else None)  # strictly on-policy, or no rollout
-    prompts = iteration_prompts(job.prompts, it, cfg.rollout.groups_per_iteration, seed=cfg.seed)
-    request = RolloutRequest(it, prompts, cfg.rollout.group_size, job.sampling(), version)
+    n = cfg.rollout.groups_per_iteration
+    prompts = draw_prompts(job.prompts, cursor, n, seed=cfg.seed)
+    request = RolloutRequest(it, prompts, cfg.rollout.group_size, job.sampling(), version,
+                             dynamic=_dynamic_sampling(job, cursor, last))
     watch.begin_iteration(it, len(prompts) * cfg.rollout.group_size)
     with watch.phase("rollout"), job.progress(it, len(prompts) * cfg.rollout.group_size,
                                                also=watch.rollout_progress) as on_progress:
         context = job.rollout_context(fleet, rewards, env, on_progress, gateway)
         batch = await job.rollout_fn(context, request)
     fleet.absorb_rollout_drops(batch.dropped)
+    cursor += int(batch.stats.extra.get("prompts_consumed", n))
     job.write_rollouts(batch, it)
     extra = {"reward_error_total": rewards.stats.errors, "reward_pools_broken_total": rewards.stats.pools_broken,
              "weight_version": version}
@@ -88,7 +97,21 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
     watch.end_iteration(it, record, batch, version, job.run.rollout_file(it))
     if (it + 1) % cfg.train.checkpoint_every == 0 or it + 1 == cfg.iterations:
         job.run.commit_checkpoint(it, version, cfg.train.keep_checkpoints,
-                                  trainer.save_checkpoint if trainer is not None else None)
+                                  trainer.save_checkpoint if trainer is not None else None, prompt_cursor=cursor)
     console.print(summary_table([record], title=f"iteration {it}"))
     job.run.log(f"iteration {it}: " + ", ".join(f"{k} {record[k]}" for k in SUMMARY_KEYS if record.get(k) is not None))
-    return record, version
+    return record, version, cursor
+
+
+def _dynamic_sampling(job: Job, cursor: int, last: dict | None) -> DynamicSampling | None:
+    """rollout.dynamic_sampling's request: the stream from `cursor` on, and spare groups for the
+    share of all-equal groups the previous iteration saw (none before the first)."""
+    r, seed = job.cfg.rollout, job.cfg.seed
+    if not r.dynamic_sampling:
+        return None
+    share = None
+    if last and last.get("dynamic_groups_judged"):
+        share = last["dynamic_all_equal_groups"] / last["dynamic_groups_judged"]
+    return DynamicSampling(more_prompts=lambda offset, count: draw_prompts(job.prompts, cursor + offset, count, seed=seed),
+                           extra_groups=extra_groups_for(r.groups_per_iteration, share),
+                           max_groups=r.dynamic_sampling_max_groups or 0)

@@ -1,7 +1,9 @@
 """Plug points named by `module:object` paths: `task.reward` (a function), `task.loader` (a
-function), `task.env` (an Environment class), `task.agent` (an async agent function or a command line, served by the gateway:
-seer.rollout.agents), `scheduler.policy` (a Policy class) and `rollout.function` (a
-RolloutFunction, seer.rollout.base).
+function), `task.env` (an Environment class), `task.agent` (an async agent function or a command line,
+served by the gateway: seer.rollout.agents), `scheduler.policy` (a Policy class) and `rollout.function`
+(a RolloutFunction, seer.rollout.base); and the trainer's algorithm registry
+(seer.trainer.algorithms), whose keys take a built-in name or a path: `trainer.advantage_estimator`,
+`trainer.policy_loss`, `trainer.rollout_correction` and `trainer.reward_shaping` (functions).
 
 One resolver for every plug point, so that each failure reads the same way and names its
 config key: a path of the wrong form, a module that does not import, an attribute it lacks,

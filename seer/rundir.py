@@ -200,6 +200,7 @@ class Checkpoint:
     iteration: int
     path: Path
     weight_version: int
+    prompt_cursor: int | None = None  # the next draw position of the prompt stream; None: a checkpoint from before it was kept
 
 
 class RunDir:
@@ -232,7 +233,9 @@ class RunDir:
                 continue
             try:
                 state = json.loads((d / "loop_state.json").read_text())
-                out.append(Checkpoint(int(state["iteration"]), d, int(state["weight_version"])))
+                cursor = state.get("prompt_cursor")
+                out.append(Checkpoint(int(state["iteration"]), d, int(state["weight_version"]),
+                                      None if cursor is None else int(cursor)))
             except (ValueError, KeyError, TypeError):
                 continue  # not a committed checkpoint
         return sorted(out, key=lambda c: c.iteration)
@@ -241,15 +244,19 @@ class RunDir:
         done = self.complete_checkpoints()
         return done[-1] if done else None
 
-    def commit_checkpoint(self, iteration: int, version: int, keep: int, write_state=None) -> Path:
+    def commit_checkpoint(self, iteration: int, version: int, keep: int, write_state=None,
+                          prompt_cursor: int | None = None) -> Path:
         """Write a checkpoint (`write_state(dir)` writes the trainer's part first), commit it with
-        its loop_state.json, then prune all but the newest `keep` by iteration."""
+        its loop_state.json (the prompt cursor too, where the loop keeps one), then prune all but the
+        newest `keep` by iteration."""
         d = self.checkpoint_dir(iteration)
         d.mkdir(parents=True, exist_ok=True)
         if write_state is not None:
             write_state(d)
-        atomic_write_text(d / "loop_state.json",
-                          json.dumps({"iteration": iteration, "weight_version": version, "time": time.time()}))
+        state = {"iteration": iteration, "weight_version": version, "time": time.time()}
+        if prompt_cursor is not None:
+            state["prompt_cursor"] = prompt_cursor
+        atomic_write_text(d / "loop_state.json", json.dumps(state))
         for old in self.complete_checkpoints()[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
         return d

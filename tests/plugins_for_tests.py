@@ -85,3 +85,31 @@ def tagged(n: int = 3, tag: str = "untagged") -> list[dict]:
 def tag_reward(response_text: str, reference: dict) -> float:
     """1 for a sample of a tagged "e2e" record: proof that the rollout scored the plug-in's records."""
     return 1.0 if reference.get("tag") == "e2e" else 0.0
+
+
+def per_session_baseline(groups):
+    """An advantage estimator by path (trainer.advantage_estimator): the baseline is the mean over
+    agent sessions of each session's mean reward, so a session with many branches counts once."""
+    out = []
+    for g in groups:
+        sessions: dict[str, list[float]] = {}
+        for r, s in zip(g.rewards, g.samples):
+            sessions.setdefault(s.branch.session if s.branch else s.request_id, []).append(r)
+        base = sum(sum(v) / len(v) for v in sessions.values()) / len(sessions)
+        out.append([r - base for r in g.rewards])
+    return out
+
+
+def numbered(n: int = 12) -> list[dict]:
+    """A loader whose references carry each prompt's number (half_constant reads it)."""
+    return [{"prompt": f"count to {i + 2}:", "number": i} for i in range(n)]
+
+
+def half_constant(response_text: str, reference: dict) -> float:
+    """Dynamic sampling's test reward: even-numbered prompts score a constant (an all-equal group),
+    the others the parity of the text's checksum (informative, almost surely)."""
+    import zlib
+
+    if reference["number"] % 2 == 0:
+        return 1.0
+    return float(zlib.crc32(response_text.encode()) % 2)

@@ -140,7 +140,7 @@ def test_the_dgds_client_and_server_import_nothing_of_each_other():
 
 @pytest.mark.parametrize("module", ["seer.config", "seer.scheduler", "seer.types", "seer.tasks", "seer.plugins",
                                     "seer.rundir", "seer.dgds.server.config", "seer.dgds.wire", "seer.kvpool.config",
-                                    "seer.watch.run", "seer.trainer.config", "seer.trainer.metrics", "seer.trainer.errors",
+                                    "seer.watch.run", "seer.trainer.config", "seer.trainer.algorithms", "seer.trainer.metrics", "seer.trainer.errors",
                                     "seer.sim.simulate", "seer.sim.multiturn"])
 def test_light_modules_import_nothing_heavy(module):
     code = (f"import sys, {module}\n"

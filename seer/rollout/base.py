@@ -28,15 +28,32 @@ from seer.types import InstanceBackend, InstanceDrop, PromptSpec, RolloutBatch, 
 
 
 @dataclass(frozen=True)
+class DynamicSampling:
+    """rollout.dynamic_sampling (DAPO's, on-policy): the batch is `len(prompts)` groups whose rewards
+    differ, drawn from the data stream in order (seer.rollout.dynamic says how)."""
+
+    # (offset from the iteration's first prompt, count) -> the data stream's prompts there; offset 0
+    # gives the request's own `prompts` first
+    more_prompts: Callable[[int, int], Sequence[PromptSpec]]
+    extra_groups: int = 0  # dispatched with the first round beyond the batch: the expected all-equal groups
+    max_groups: int = 0  # the most groups one iteration dispatches, all rounds together
+
+
+@dataclass(frozen=True)
 class RolloutRequest:
     """What one iteration's rollout must produce: `group_size` samples of each prompt, drawn with
-    the weights of `weight_version` (every sample records it)."""
+    the weights of `weight_version` (every sample records it).
+
+    With `dynamic` set the batch holds as many groups as `prompts` does, all of differing rewards,
+    and the rollout reports in `stats.extra["prompts_consumed"]` how far into the data stream it
+    went (a rollout that ignores `dynamic` consumed `len(prompts)`)."""
 
     iteration: int
     prompts: Sequence[PromptSpec]
     group_size: int
     sampling: SamplingParams
     weight_version: int = 0
+    dynamic: DynamicSampling | None = None
 
 
 @dataclass
@@ -69,9 +86,19 @@ def iteration_sampling(req: RolloutRequest) -> SamplingParams:
     return replace(req.sampling, seed=None if base_seed is None else base_seed * 1_000_003 + req.iteration)
 
 
+def driver_args(ctx: RolloutContext, req: RolloutRequest, round_index: int = 0) -> dict:
+    """The keywords of `RolloutDriver.run` every built-in rollout passes: the request's group size,
+    sampling, weights and the context's oracle and progress; request ids `it<i>-` (a dynamic-sampling
+    round after the first: `it<i>-r<k>-`, so no two rounds share an id)."""
+    return {"group_size": req.group_size, "sampling": iteration_sampling(req), "weight_version": req.weight_version,
+            "request_id_prefix": f"it{req.iteration}-" + (f"r{round_index}-" if round_index else ""),
+            "true_lengths": ctx.true_lengths, "on_progress": ctx.on_progress}
+
+
 def dropped_instances(result: RolloutResult) -> list[InstanceDrop]:
     """The instances the driver dropped mid-rollout, for `RolloutBatch.dropped` (the fleet drops them too)."""
     return [InstanceDrop(name, why, round(t - result.start_time, 3)) for name, why, t in result.dropped]
 
 
-__all__ = ["RolloutContext", "RolloutFunction", "RolloutRequest", "dropped_instances", "iteration_sampling"]
+__all__ = ["DynamicSampling", "RolloutContext", "RolloutFunction", "RolloutRequest", "driver_args", "dropped_instances",
+           "iteration_sampling"]

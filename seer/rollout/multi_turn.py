@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
+from seer.rollout.base import RolloutContext, RolloutRequest, driver_args, dropped_instances
+from seer.rollout.dynamic import run_rounds
 from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.scheduler.turns import StopMatcher, TurnEnd, TurnReply
@@ -43,7 +44,7 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         raise ValueError("multi-turn rollout needs the context's env, decode and encode (task.env set)")
     env, decode, encode = ctx.env, ctx.decode, ctx.encode
     cfg: EnvConfig = env.cfg
-    prompts = list(req.prompts)
+    prompts = list(req.prompts)  # this round's (rollout.dynamic_sampling runs more than one)
     outcomes: dict[str, _Outcome] = {}
     before = replace(env.stats, error_samples=list(env.stats.error_samples))
 
@@ -89,22 +90,22 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         sample.reward, sample.reward_error = (0.0 if o.reward is None else o.reward), o.error
 
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
-    result = await driver.run(
-        prompts,
-        group_size=req.group_size,
-        sampling=iteration_sampling(req),
-        weight_version=req.weight_version,
-        request_id_prefix=f"it{req.iteration}-",
-        true_lengths=ctx.true_lengths,
-        on_sample_finished=on_sample,
-        on_progress=ctx.on_progress,
-        turns=StopMatcher(env.stop, decode, cfg.max_turn_tokens),
-        on_turn_end=on_turn_end,
-    )
+
+    async def run_round(round_prompts, round_index: int, stop_when):
+        prompts[:] = round_prompts
+        result = await driver.run(prompts, **driver_args(ctx, req, round_index), on_sample_finished=on_sample,
+                                  turns=StopMatcher(env.stop, decode, cfg.max_turn_tokens), on_turn_end=on_turn_end,
+                                  stop_when=stop_when)
+        for u in result.unfinished:  # stopped mid-trajectory (dynamic sampling had enough): its environment goes
+            env.discard(u.request_id)
+        return result
+
+    result, samples, counts = await run_rounds(req, run_round)
     names = [b.name for b in ctx.backends]
     stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(turn_summary(result.samples, outcomes, env.stats, before))
-    return RolloutBatch(samples=result.samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry,
+    stats.extra.update(counts)
+    return RolloutBatch(samples=samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry,
                         phases=[("generate", result.start_time, result.end_time)], env_waits=result.env_waits,
                         dropped=dropped_instances(result))
 

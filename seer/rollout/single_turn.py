@@ -2,14 +2,16 @@
 
 It joins the scheduler's driver (divided rollout and the configured policy), the asynchronous
 reward runner and the iteration's statistics into a typed RolloutBatch. The contract it
-implements (RolloutRequest, RolloutContext, RolloutFunction) is seer.rollout.base's.
+implements (RolloutRequest, RolloutContext, RolloutFunction) is seer.rollout.base's; with
+`RolloutRequest.dynamic` (rollout.dynamic_sampling) it runs seer.rollout.dynamic's rounds.
 """
 
 from __future__ import annotations
 
 import time
 
-from seer.rollout.base import RolloutContext, RolloutRequest, dropped_instances, iteration_sampling
+from seer.rollout.base import RolloutContext, RolloutRequest, driver_args, dropped_instances
+from seer.rollout.dynamic import run_rounds
 from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.types import RolloutBatch
@@ -19,19 +21,17 @@ async def single_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollo
     """Every sample of `req.prompts`, rewarded, with the iteration's stats. Returns once the last
     reward is in. Instances the driver had to drop are in `RolloutBatch.dropped`."""
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
-    result = await driver.run(
-        req.prompts,
-        group_size=req.group_size,
-        sampling=iteration_sampling(req),
-        weight_version=req.weight_version,
-        request_id_prefix=f"it{req.iteration}-",
-        true_lengths=ctx.true_lengths,
-        on_sample_finished=ctx.rewards.submit,
-        on_progress=ctx.on_progress,
-    )
-    await ctx.rewards.wait_all()
+
+    async def run_round(prompts, round_index: int, stop_when):
+        result = await driver.run(prompts, **driver_args(ctx, req, round_index), on_sample_finished=ctx.rewards.submit,
+                                  stop_when=stop_when)
+        await ctx.rewards.wait_all()
+        return result
+
+    result, samples, counts = await run_rounds(req, run_round)
     names = [b.name for b in ctx.backends]
     phases = [("generate", result.start_time, result.end_time), ("reward tail", result.end_time, time.monotonic())]
-    return RolloutBatch(samples=result.samples, stats=stats_from_result(result, req.iteration, names),
-                        chunks=result.chunks, telemetry=result.telemetry, phases=phases,
+    stats = stats_from_result(result, req.iteration, names)
+    stats.extra.update(counts)
+    return RolloutBatch(samples=samples, stats=stats, chunks=result.chunks, telemetry=result.telemetry, phases=phases,
                         dropped=dropped_instances(result))

@@ -140,10 +140,11 @@ class RolloutDriver:
         `stop_when` is for rollouts that over-issue and keep only part: partial rollout (APRIL keeps
         the first that finish), dynamic sampling (issue more groups than the batch needs, stop once
         enough groups have rewards that differ). Called with the samples finished so far after each
-        one finishes; once it returns True the rollout ends there, chunks in flight are aborted and
+        one finishes and after every wake-up of the loop (a chunk done, or the telemetry interval:
+        rewards land between samples); once it returns True the rollout ends there, chunks in flight are aborted and
         environment calls cancelled, and the requests left are returned in `RolloutResult.unfinished`.
-        The built-in rollout functions issue exactly the batch and pass none; a custom one may
-        (seer.rollout.base).
+        The single-turn rollout passes one under rollout.dynamic_sampling (seer.rollout.dynamic); a
+        custom rollout function may (seer.rollout.base).
         """
         if (turns is None) != (on_turn_end is None):
             raise ValueError("multi-turn rollout needs both turns and on_turn_end")
@@ -189,6 +190,13 @@ class RolloutDriver:
             if stop_when is not None and not stopped:
                 stopped = stop_when(disp.samples)
 
+        def poll_stop() -> None:
+            """`stop_when` again after every wake-up: what it reads (a sample's reward, scored
+            beside the rollout) may change between samples finishing."""
+            nonlocal stopped
+            if stop_when is not None and not stopped:
+                stopped = stop_when(disp.samples)
+
         poller = asyncio.create_task(self._telemetry_loop(disp, timeline))
         try:
             while not disp.done and not stopped:
@@ -210,6 +218,7 @@ class RolloutDriver:
                 )
                 if not done:
                     self._drop_hung(disp, pending)
+                    poll_stop()
                     continue
                 for task in sorted((t for t in done if t in env_tasks), key=lambda t: env_tasks[t].request.seq):
                     turn_end, now = env_tasks.pop(task), self.clock()
@@ -229,6 +238,7 @@ class RolloutDriver:
                         continue
                     self._heard[ticket.instance] = now
                     finished(disp.complete(ticket, task.result(), now))
+                poll_stop()
                 if on_progress is not None:
                     on_progress(
                         Progress(disp.buffer.num_finished, len(disp.buffer), len(pending),

@@ -288,10 +288,16 @@ def iteration_prompts(prompts: list[PromptSpec], iteration: int, count: int, *, 
     a pure function of (prompts, iteration, count, seed). An epoch's permutation is computed
     once and cached, so a draw costs O(count) after the first one of its epoch.
     """
+    return draw_prompts(prompts, iteration * count, count, seed=seed)
+
+
+def draw_prompts(prompts: list[PromptSpec], start: int, count: int, *, seed: int = 0) -> list[PromptSpec]:
+    """The `count` prompts at draw positions start, start + 1, ... of the seeded epoch stream
+    (`iteration_prompts` is position iteration * count). A run whose iterations consume other than
+    `count` prompts (rollout.dynamic_sampling) keeps its position, the prompt cursor, in loop_state.json."""
     if not prompts:
         raise ValueError("no prompts")
     n = len(prompts)
-    start = iteration * count
     out: list[PromptSpec] = []
     for pos in range(start, start + count):
         epoch, offset = divmod(pos, n)
@@ -320,6 +326,7 @@ __all__ = [
     "TaskRecord",
     "chat_template_text",
     "encode_prompts",
+    "draw_prompts",
     "iteration_prompts",
     "load_jsonl",
     "load_records",

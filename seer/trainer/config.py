@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 AggMode = Literal["token-mean", "seq-mean-token-mean"]
 KLEstimator = Literal["k1", "k3"]
@@ -18,10 +18,27 @@ class TrainerConfig:
     weight_decay: float = 0.0  # applied to matrices only, never to norms or biases
     max_grad_norm: float = 1.0  # gradient clipping by global norm
     clip_eps_low: float = 0.2  # PPO/GRPO ratio clip below 1 (and above, unless clip_eps_high)
-    clip_eps_high: float | None = None  # None: symmetric clipping
+    clip_eps_high: float | None = None  # None: symmetric clipping (a larger one is DAPO's clip-higher)
     loss_agg: AggMode = "token-mean"  # average the loss over all tokens, or per sequence then over sequences
     old_logprobs: Literal["recomputed", "rollout"] = "recomputed"  # the ratio's old log-probs: the trainer's own or vLLM's
-    normalize_adv_std: bool = True  # divide group advantages by the group's reward std
+    normalize_adv_std: bool = True  # old key: false is advantage_estimator dr_grpo (no division by the group's std)
+    # The algorithm registry (seer.trainer.algorithms; docs/trainer.md "Algorithms"): each key takes a
+    # name or a `package.module:function` path, and its *_args key the function's own keyword arguments.
+
+    # grpo | dr_grpo | rloo | reinforce_pp_baseline (or a path): group rewards -> one advantage per sample
+    advantage_estimator: str = "grpo"
+    advantage_args: dict[str, Any] = field(default_factory=dict)  # the estimator's keyword arguments (eps, ...)
+    # ppo_clip | clip_higher | dual_clip | gspo | cispo (or a path): the per-token surrogate; clip_eps_low/high apply
+    policy_loss: str = "ppo_clip"
+    policy_loss_args: dict[str, Any] = field(default_factory=dict)  # the loss's keyword arguments (dual_clip: clip_c)
+    # none | token_tis | seq_tis | token_mask | seq_mask: weight the loss by pi_old / pi_rollout, truncated or masked.
+    # Truncated IS weights (tis) or rejection outside a band (mask), per token or per sequence; needs
+    # old_logprobs: recomputed (with old_logprobs: rollout the PPO ratio is pi / pi_rollout already).
+    rollout_correction: str = "none"
+    rollout_correction_args: dict[str, Any] = field(default_factory=dict)  # cap (tis), low / high (mask)
+    reward_shaping: str = "none"  # none | overlong (DAPO's soft penalty for responses near rollout.max_tokens)
+    reward_shaping_args: dict[str, Any] = field(default_factory=dict)  # overlong: buffer_tokens, penalty
+    max_response_tokens: int | None = None  # set from rollout.max_tokens by seer-run (overlong shaping's limit)
     kl_coef: float = 0.0  # > 0 keeps a frozen copy of the initial weights as the reference
     kl_estimator: KLEstimator = "k3"  # KL penalty estimator (with kl_coef > 0)
     entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus

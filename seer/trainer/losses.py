@@ -24,45 +24,23 @@ def grpo_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Group-normalised advantages: (r - mean_g) / (std_g + eps), one value per sample.
-
-    std is the unbiased sample std (as in DeepSeekMath's GRPO, TRL and veRL). A group whose rewards
-    are all equal (or a group of one) carries no preference signal, so its advantage is exactly
-    zero rather than 0/eps noise or NaN. ``normalize_std=False`` gives Dr. GRPO's mean-only variant.
+    """Group-normalised advantages for tensors of rewards and group ids: the registry's `grpo`
+    ((r - mean_g) / (std_g + eps), unbiased std; all-equal and one-sample groups exactly 0), or with
+    ``normalize_std=False`` its `dr_grpo` (mean-only). seer.trainer.algorithms holds the formulas.
     """
-    rewards = rewards.to(torch.float64)
-    adv = torch.zeros_like(rewards)
-    for g in torch.unique(group_ids):
-        idx = (group_ids == g).nonzero(as_tuple=True)[0]
-        r = rewards[idx]
-        if r.numel() < 2 or bool((r.max() - r.min()) == 0):
-            continue
-        centred = r - r.mean()
-        adv[idx] = centred / (r.std(unbiased=True) + eps) if normalize_std else centred
-    return adv.to(torch.float32)
+    from seer.trainer.algorithms import Group, dr_grpo, grpo
 
-
-def session_advantages(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    session_ids: torch.Tensor,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-) -> torch.Tensor:
-    """GRPO advantages when a sample is one leaf of an agent session (the gateway's branches).
-
-    A group is G sessions, however many leaves each left: the group's mean and std are taken over
-    its sessions (one reward each, the first leaf's), and every leaf gets its session's advantage.
-    So a session that branched often neither moves its group's baseline nor gains weight in it;
-    its leaves share its credit (docs/agents-gateway.md, "Branches").
-    """
-    first: dict[int, int] = {}
-    for i, s in enumerate(session_ids.tolist()):
-        first.setdefault(s, i)
-    idx = torch.tensor(list(first.values()), dtype=torch.long)
-    per_session = grpo_advantages(rewards[idx], group_ids[idx], normalize_std, eps)
-    of = {s: per_session[j] for j, s in enumerate(first)}
-    return torch.stack([of[s] for s in session_ids.tolist()]) if len(session_ids) else per_session
+    ids = group_ids.tolist()
+    order = list(dict.fromkeys(ids))
+    members = {g: [i for i, x in enumerate(ids) if x == g] for g in order}
+    values = rewards.to(torch.float64).tolist()
+    groups = [Group(tuple(values[i] for i in members[g])) for g in order]
+    per_group = grpo(groups, eps=eps) if normalize_std else dr_grpo(groups)
+    adv = [0.0] * len(ids)
+    for g, a in zip(order, per_group):
+        for i, v in zip(members[g], a):
+            adv[i] = v
+    return torch.tensor(adv, dtype=torch.float32)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

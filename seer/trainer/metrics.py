@@ -29,4 +29,5 @@ class TrainMetrics:
                 "entropy": self.entropy, "grad_norm": self.grad_norm, "zero_adv_fraction": self.zero_adv_fraction,
                 "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max,
                 # tokens computed / the samples' tokens (docs/trainer.md): < 1 where a prefix tree shares
-                "tree_token_ratio": self.extra.get("tree_token_ratio", float("nan"))}
+                "tree_token_ratio": self.extra.get("tree_token_ratio", float("nan")),
+                **{k: self.extra[k] for k in ("rollout_is_weight_mean",) if k in self.extra}}  # rollout_correction on

@@ -21,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
 from seer.trainer import losses, packing, tp_shard
+from seer.trainer.algorithms import Algorithms
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, response_logprobs, shard_by_tokens
@@ -34,7 +35,7 @@ from seer.trainer.model import (build_gpt_model, forward_logits, forward_stream_
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_FILE = "trainer_state.pt"
 CHECKPOINT_FORMAT = 2  # full (unsharded) tensors by parameter name: resumable at any world size
-_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl", "computed_tokens", "sample_tokens")
+_SUMMED = ("pg_loss", "clipfrac", "entropy", "ratio", "kl", "computed_tokens", "sample_tokens", "is_weight")
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Trainer:
             betas=self.config.betas,
             eps=self.config.adam_eps,
         )
+        self.algorithms = Algorithms.from_config(self.config)  # seer.trainer.algorithms: the registry's choices
         self.iteration = 0
         self.captured_grads: list[dict[str, torch.Tensor]] | None = None  # a list: keep each step's reduced gradients
 
@@ -247,17 +249,10 @@ class Trainer:
     # ---- GRPO ------------------------------------------------------------------------------
 
     def sequences_from_batch(self, batch: RolloutBatch) -> list[TrainSequence]:
-        """Samples -> TrainSequences with GRPO advantages (missing rewards count as 0)."""
-        samples = [s for group in batch.groups().values() for s in group]
-        rewards = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])
-        group_ids = torch.tensor([s.group_id for s in samples])
-        if any(s.branch is not None for s in samples):  # gateway sessions: one reward per session, not per leaf
-            names: dict[str, int] = {}
-            sessions = torch.tensor([names.setdefault(s.branch.session if s.branch else s.request_id, len(names))
-                                     for s in samples])
-            adv = losses.session_advantages(rewards, group_ids, sessions, normalize_std=self.config.normalize_adv_std)
-        else:
-            adv = losses.grpo_advantages(rewards, group_ids, normalize_std=self.config.normalize_adv_std)
+        """Samples -> TrainSequences with the configured advantages (missing rewards count as 0)."""
+        groups = list(batch.groups().values())
+        samples = [s for group in groups for s in group]
+        adv = [a for group in self.algorithms.advantages(groups) for a in group]  # trainer.advantage_estimator
         return [
             TrainSequence(
                 prompt_ids=list(s.prompt.prompt_ids),
@@ -266,7 +261,7 @@ class Trainer:
                 rollout_logprobs=response_logprobs(s.logprobs, s.loss_mask, len(s.response_ids)),
                 loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
             )
-            for s, a in zip(samples, adv.tolist(), strict=True)
+            for s, a in zip(samples, adv, strict=True)
             if s.response_ids
         ]
 
@@ -307,10 +302,14 @@ class Trainer:
                 logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached")
                 if k == 0:
                     self._set_old_logprobs(mb, logprobs.detach(), totals)
-                terms = losses.ppo_clip_terms(
-                    logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high
-                )
-                loss = losses.aggregate(terms.loss, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
+                terms = self.algorithms.loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, cfg)
+                per_token = terms.loss
+                weights = self.algorithms.correction_weights(
+                    mb.old_logprobs, mb.rollout_logprobs, mb.mask * mb.has_rollout_logprobs.unsqueeze(1).to(mb.mask.dtype))
+                if weights is not None:  # trainer.rollout_correction: pi_old / pi_rollout, truncated or masked
+                    per_token = per_token * weights
+                    totals.add("is_weight", weights, mb.mask)
+                loss = losses.aggregate(per_token, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * losses.aggregate(entropy, mb.mask, cfg.loss_agg, n_tokens, n_seqs)
                 if self.ref_model is not None:
@@ -358,7 +357,8 @@ class Trainer:
                    # tokens the forward computed / the samples' own tokens: < 1 where a tree shares prefixes
                    "tree_token_ratio": (totals.sums.get("computed_tokens", 0.0)
                                         / max(1.0, totals.sums.get("sample_tokens", 0.0))),
-                   "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": cfg.batch_layout},
+                   "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": cfg.batch_layout,
+                   **({"rollout_is_weight_mean": totals.mean("is_weight")} if self.algorithms.correction else {})},
         )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:

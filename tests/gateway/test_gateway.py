@@ -5,6 +5,8 @@ client that goes away, streaming. Real instances and the KV pool: tests/kvpool/t
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import re
 import time
@@ -172,14 +174,19 @@ def test_a_session_that_rewrites_its_history_is_trained_as_its_branches_without_
         assert final.response_ids[:shared] == leaf.response_ids[:shared]  # the branch point: after call 0's result
         assert final.loss_mask[shared:-len(encode("<calc>0000-0</calc>"))].count(1) == 0  # the edited history
         assert final.loss_mask[-1] == 1 and leaf.loss_mask[-1] == 1
-    from seer.trainer.losses import session_advantages
-    import torch
+    # every leaf takes its session's advantage; the group's baseline is over its sessions, one each
+    from seer.trainer.algorithms import Algorithms
+    from seer.trainer.config import TrainerConfig
+    from seer.types import Branch
 
-    adv = session_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0, 0]),
-                             torch.tensor([0, 0, 1, 1, 2]))
+    def leaf(session: str, reward: float, i: int):
+        return dataclasses.replace(final, request_id=f"r{i}", reward=reward, branch=Branch(session, (i,)))
+
+    group = [leaf("a", 1.0, 0), leaf("a", 1.0, 1), leaf("b", 0.0, 2), leaf("b", 0.0, 3), leaf("c", 1.0, 4)]
+    (adv,) = Algorithms.from_config(TrainerConfig()).advantages([group])
     assert adv[0] == adv[1] and adv[2] == adv[3] and adv[0] > 0 > adv[2]
-    assert torch.allclose(adv[[0, 2, 4]], torch.tensor([0.5774, -1.1547, 0.5774]), atol=1e-3)
-
+    # sessions' rewards 1, 0, 1: mean 2/3, unbiased std 0.5774 -> 0.5774, -1.1547, 0.5774
+    assert [round(adv[i], 3) for i in (0, 2, 4)] == [0.577, -1.155, 0.577]
 
 def test_bad_calls_get_openai_errors_and_cost_nothing_but_themselves():
     agents.BAD.clear()
