@@ -45,6 +45,8 @@ class _Rows:
 
     def write(self, pos: int, rows: np.ndarray, now: float) -> None:
         n = len(rows)
+        if pos > self.hi:  # a step's rows were lost in between: keep only what is contiguous
+            self.lo = self.hi = pos
         if pos < self.lo:  # recomputed from further back (a preempted request lost its cache)
             pad = np.zeros((self.lo - pos, *self.buf.shape[1:]), self.buf.dtype)
             self.buf = np.concatenate([pad, self.buf[: self.hi - self.lo]])
@@ -86,9 +88,15 @@ class RoutingRecorder:
         self._step: list[Any] = [None] * len(self.layer_ids)
         self.stats = {"steps": 0, "tokens": 0, "capture_s": 0.0, "flush_s": 0.0, "dropped_requests": 0,
                       "incomplete_steps": 0}
+        self._runner = runner
+        self._bind(routers)
+        self._wrap_prepare(runner)
+
+    def _bind(self, routers: dict[int, Any]) -> None:
+        if sorted(routers) != self.layer_ids:
+            raise RuntimeError(f"routing capture: the model's MoE layers changed: {sorted(routers)} != {self.layer_ids}")
         for slot, lid in enumerate(self.layer_ids):
             routers[lid].set_capture_fn(self._capture_fn(slot))
-        self._wrap_prepare(runner)
 
     # ---- in the forward pass -------------------------------------------------------------
     def _capture_fn(self, slot: int):
@@ -125,7 +133,10 @@ class RoutingRecorder:
         if layout is None:
             return
         if any(s is None for s in step):
-            self.stats["incomplete_steps"] += 1  # no forward ran (a step that only moved KV)
+            # no forward ran (a step that only moved KV), or a weight reload rebuilt the routers:
+            # bind again, so that the next steps record (the driver recomputes what this one lost)
+            self.stats["incomplete_steps"] += 1
+            self._bind(_moe_routers(self._runner.get_model()))
             return
         t0 = time.perf_counter()
         rows = np.stack([s.numpy() for s in step], axis=1)  # [tokens, layers, top_k]

@@ -182,3 +182,17 @@ def test_rows_of_tokens_a_turn_cut_dropped_never_stand_for_the_tokens_that_repla
                                                     Routing(LAYERS, TOP_K, "uint8", rows[:7].tobytes()), 0))
     later = kept_seq + [50, 51]  # an observation now sits where the dropped tokens were
     assert ledger.missing_prefix("r", later) == 7  # position 6 must come from the next prefill, not the cut rows
+
+
+def test_the_worker_row_store_keeps_the_newest_contiguous_rows_by_position():
+    from seer.fleet.routing_ext import _Rows
+
+    r = _Rows(5, 5, np.zeros((2, 1, 1), np.uint8), 0.0)
+    r.write(5, np.array([1, 2, 3], np.uint8).reshape(3, 1, 1), 0.0)  # a prefill from position 5 (5 were cached)
+    r.write(8, np.array([4], np.uint8).reshape(1, 1, 1), 0.0)
+    r.write(7, np.array([9, 10], np.uint8).reshape(2, 1, 1), 0.0)  # recomputed (a rejected draft): newest wins
+    assert (r.lo, r.hi) == (5, 9) and r.buf[:4, 0, 0].tolist() == [1, 2, 9, 10]
+    r.write(3, np.array([7, 8], np.uint8).reshape(2, 1, 1), 0.0)  # preempted, recomputed from further back
+    assert (r.lo, r.hi) == (3, 5)
+    r.write(20, np.array([5], np.uint8).reshape(1, 1, 1), 0.0)  # a gap (a lost step): no zeros stand in for it
+    assert (r.lo, r.hi) == (20, 21)
