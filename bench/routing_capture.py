@@ -68,14 +68,14 @@ def _disagreement(model_dir: str, results, prompts, dtype: str = "float32") -> d
             "tokens_differing_in_any_layer": tokens_any}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--prompt", type=int, default=200)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    ap.add_argument("--requests", type=int, default=16, help="requests per batch, run at once")
+    ap.add_argument("--prompt", type=int, default=200, help="random prompt tokens per request")
+    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens generated per request")
+    ap.add_argument("--repeats", type=int, default=3, help="batches per configuration (fresh prompts each)")
+    ap.add_argument("--out", default=None, help="folder to write capture.json into (printed only without it)")
+    args = ap.parse_args(argv)
     from tests.routing.checkpoint import build_tiny_moe
 
     work = Path(tempfile.mkdtemp(prefix="seer-routing-bench-"))
@@ -130,7 +130,7 @@ def main() -> None:
             return record
 
         record = asyncio.run(go())
-    record["command"] = "python -m bench.routing_capture " + " ".join(sys.argv[1:])
+    record["command"] = "python -m bench.routing_capture " + " ".join(sys.argv[1:] if argv is None else argv)
     print(json.dumps(record, indent=2))
     if args.out:
         out = Path(args.out)

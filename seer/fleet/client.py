@@ -16,7 +16,7 @@ import aiohttp
 
 from seer.types import Telemetry
 from seer.procs.vllm_metrics import telemetry_from_metrics
-from seer.types import GenerateRequest, GenerateResult, Routing
+from seer.types import GenerateRequest, GenerateResult, Routing, SamplingParams
 
 
 KEEPALIVE_S = 2.0  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s)
@@ -182,6 +182,13 @@ class InstanceClient:
         if not results:
             raise InstanceError(f"{self.name}: no worker answered seer_routing_enable")
         self.routing = json.loads(results[0])
+        # a probe: a compiled model (no --enforce-eager) never calls the hook and records nothing
+        probe = await self.generate(GenerateRequest(f"seer-routing-probe-{self.name}", [1, 2, 3], 2,
+                                                    SamplingParams(temperature=0.0), logprobs=False))
+        if probe.routing is None or probe.routing.num_tokens < 1:
+            self.routing = None
+            raise InstanceError(f"{self.name}: routing capture recorded nothing for a probe request; the "
+                                "instance must run its model eagerly (vLLM's --enforce-eager)")
         return self.routing
 
     async def _take_routing(self, request_id: str) -> tuple[Routing | None, int]:

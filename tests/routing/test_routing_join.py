@@ -196,3 +196,18 @@ def test_the_worker_row_store_keeps_the_newest_contiguous_rows_by_position():
     assert (r.lo, r.hi) == (3, 5)
     r.write(20, np.array([5], np.uint8).reshape(1, 1, 1), 0.0)  # a gap (a lost step): no zeros stand in for it
     assert (r.lo, r.hi) == (20, 21)
+
+
+def test_routing_replay_is_refused_for_a_dense_checkpoint_and_accepted_for_an_moe_one(tmp_path):
+    import json
+
+    from seer.config import ConfigError
+    from seer.job import _check_routing_replay
+    from seer.trainer.config import TrainerConfig
+
+    assert TrainerConfig().routing_replay is False  # off by default: no capture, no cost
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+    with pytest.raises(ConfigError, match="routing_replay: true needs a mixture-of-experts model.*dense qwen2"):
+        _check_routing_replay(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
+    _check_routing_replay(tmp_path)
