@@ -15,8 +15,9 @@ request's positions later. A position computed again (speculative tokens that we
 preempted request recomputed) overwrites its row, so a store holds what the KV cache now holds.
 
 The driver takes a finished chunk's rows by its request id (`seer_routing_take`); what nobody
-takes (an aborted chunk, a driver that went away) is dropped after `TTL_S` without a write, or
-oldest first once the stores hold more than the byte cap. Off (nothing installed, zero cost)
+takes (an aborted chunk, a driver that went away) is dropped `FINISHED_TTL_S` after the engine
+finished or aborted its request, `TTL_S` after its last write, or oldest first once the stores
+hold more than the byte cap. Off (nothing installed, zero cost)
 unless enabled.
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 TTL_S = 300.0  # rows nobody took within this long after their last write are dropped
+FINISHED_TTL_S = 30.0  # ... and this long after the engine finished or aborted their request
 DEFAULT_CAP_BYTES = 256 * 2**20  # all stores of one worker together
 
 
@@ -42,6 +44,7 @@ class _Rows:
     hi: int
     buf: np.ndarray  # [capacity, layers, top_k]
     touched: float
+    finished: float | None = None  # when the engine finished (or aborted) the request
 
     def write(self, pos: int, rows: np.ndarray, now: float) -> None:
         n = len(rows)
@@ -115,6 +118,11 @@ class RoutingRecorder:
 
         def _prepare_inputs(scheduler_output: Any, num_scheduled_tokens: Any, *args: Any, **kwargs: Any) -> Any:
             self.flush()
+            now = time.monotonic()
+            for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
+                store = self.stores.get(rid)
+                if store is not None and store.finished is None:
+                    store.finished = now  # finished or aborted: the driver takes it now, or never
             batch = runner.input_batch
             k = batch.num_reqs
             starts = batch.num_computed_tokens_cpu[:k].tolist()
@@ -158,7 +166,8 @@ class RoutingRecorder:
         self.stats["flush_s"] += time.perf_counter() - t0
 
     def _evict(self, now: float, active: set[str]) -> None:
-        old = [rid for rid, s in self.stores.items() if rid not in active and now - s.touched > self.ttl_s]
+        old = [rid for rid, s in self.stores.items() if rid not in active and (
+            now - s.touched > self.ttl_s or (s.finished is not None and now - s.finished > FINISHED_TTL_S))]
         total = sum(s.nbytes for s in self.stores.values())
         if total > self.cap_bytes:
             for rid, s in sorted(self.stores.items(), key=lambda kv: kv[1].touched):
