@@ -90,7 +90,7 @@ class RoutingRecorder:
         self._layout: list[tuple[str, int, int]] | None = None
         self._step: list[Any] = [None] * len(self.layer_ids)
         self.stats = {"steps": 0, "tokens": 0, "capture_s": 0.0, "flush_s": 0.0, "dropped_requests": 0,
-                      "incomplete_steps": 0}
+                      "incomplete_steps": 0, "short_steps": 0}
         self._runner = runner
         self._bind(routers)
         self._wrap_prepare(runner)
@@ -108,6 +108,10 @@ class RoutingRecorder:
                 return  # a warm-up or dummy run, or a second call within one step
             t0 = time.perf_counter()
             n = self._tokens
+            if topk_ids.shape[0] < n:  # this rank routed a shard of the step (sequence parallel): file nothing
+                self._layout = None
+                self.stats["short_steps"] += 1
+                return
             self._step[slot] = topk_ids[:n].to("cpu", self._torch_dtype)
             self.stats["capture_s"] += time.perf_counter() - t0
 
