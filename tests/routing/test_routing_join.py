@@ -211,3 +211,20 @@ def test_routing_replay_is_refused_for_a_dense_checkpoint_and_accepted_for_an_mo
         _check_routing_replay(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
     _check_routing_replay(tmp_path)
+
+
+def test_the_trainer_takes_a_samples_routing_only_with_one_row_per_prompt_and_response_token():
+    from seer.trainer.trainer import _checked_routing
+    from seer.types import Sample
+
+    spec = PromptSpec(0, "", [1, 2, 3], {})
+    full = Routing(LAYERS, TOP_K, "uint8", bytes(5 * LAYERS * TOP_K))
+    s = Sample(0, 0, "g0-s0", spec, [7, 8], [-0.1, -0.2], "stop", 0.0, 1.0, ["e0"], routing=full)
+    assert _checked_routing(s, True) is full
+    assert _checked_routing(s, False) is None  # replay off: the trainer routes by itself
+    s.routing = Routing(LAYERS, TOP_K, "uint8", bytes(4 * LAYERS * TOP_K))
+    with pytest.raises(ValueError, match="routing for 4 tokens, not its 5 prompt"):
+        _checked_routing(s, True)
+    s.routing = None
+    with pytest.raises(ValueError, match="routing for None tokens"):
+        _checked_routing(s, True)
