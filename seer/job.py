@@ -56,6 +56,8 @@ class Job:
         if cfg.train.enabled:
             _check_trainable(Path(model_dir))
             _check_parallel_sizes(cfg, Path(model_dir))
+        if cfg.trainer.routing_replay:
+            _check_routing_replay(Path(model_dir))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
         task = load_task(cfg.task)
@@ -140,15 +142,24 @@ class Job:
             self.console.print(f"[yellow]{msg}[/]" if "dropped" in msg or "exited" in msg else msg)
 
         if cfg.instances.urls:
-            return Fleet.attach(list(cfg.instances.urls), notify)
+            fleet = Fleet.attach(list(cfg.instances.urls), notify)
+            if cfg.trainer.routing_replay:
+                await fleet.enable_routing()
+            return fleet
         n = cfg.instances.count
+        instances = cfg.instances
+        if cfg.trainer.routing_replay and "--enforce-eager" not in instances.extra_args:
+            # the capture hooks run in Python inside the forward pass: a compiled model skips them
+            instances = replace(instances, extra_args=[*instances.extra_args, "--enforce-eager"])
         with step(self.console, f"Starting {n} vLLM instances (logs in {self.run.path / 'logs'})",
                   cfg.logging.progress_interval_s):
             fleet = await Fleet.launch(
-                cfg.instances, cfg.kvpool, cfg.dgds,
+                instances, cfg.kvpool, cfg.dgds,
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
                 self.run.path, notify, cfg.cluster, ray=ray_cluster)
+            if cfg.trainer.routing_replay:
+                await fleet.enable_routing()
         self.console.print(f"{n} instances ready")
         self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
         return fleet
@@ -306,6 +317,16 @@ def _check_trainable(model_dir: Path) -> None:
         what = f"config.json lacks {e}" if isinstance(e, KeyError) else str(e)
         raise ConfigError(f"the trainer cannot train {model_dir}: {what}. Supported: {supported_summary()} "
                           f"(docs/models.md); --train off rolls it out without training") from None
+
+
+def _check_routing_replay(model_dir: Path) -> None:
+    """Routing replay needs routers: refuse a dense checkpoint before anything starts."""
+    arch = json.loads((model_dir / "config.json").read_text())
+    experts = max(int(arch.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if experts <= 0:
+        raise ConfigError(f"trainer.routing_replay: true needs a mixture-of-experts model, but {model_dir} is a "
+                          f"dense {arch.get('model_type', 'model')} (no num_experts in its config.json); "
+                          "leave routing_replay off for dense models")
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

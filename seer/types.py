@@ -36,6 +36,9 @@ class GenerateRequest:
     # Strings the engine may stop at (multi-turn: the environment's; Seer cuts turns itself as
     # well, since a stop string can straddle two chunks, which no engine sees).
     stop: tuple[str, ...] = ()
+    # vLLM's per-request cache salt: a salted request shares no cached or pooled KV with any other,
+    # so the engine computes every token (routing replay recomputes missing routing this way).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class GenerateResult:
     instance: str
     start_time: float
     finish_time: float
+    # Routing replay: the experts of every token this chunk computed (an instance with routing
+    # capture on), rows for positions routing_start, routing_start + 1, ... of prompt + tokens.
+    routing: Routing | None = None
+    routing_start: int = 0
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,15 @@ whose HTTP connection closes, so `abort()` cancels the in-flight call.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 
 import aiohttp
 
 from seer.types import Telemetry
 from seer.procs.vllm_metrics import telemetry_from_metrics
-from seer.types import GenerateRequest, GenerateResult
+from seer.types import GenerateRequest, GenerateResult, Routing, SamplingParams
 
 
 KEEPALIVE_S = 2.0  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s)
@@ -42,6 +44,11 @@ class InstanceClient:
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._inflight: dict[str, asyncio.Task] = {}
+        # Routing replay: the instance's capture header ({layers, top_k, dtype, num_experts}) once
+        # `enable_routing` turned capture on; every finished chunk then takes its routing back.
+        self.routing: dict | None = None
+        self.routing_fetch_s = 0.0  # time spent taking routing back (the per-chunk round trips)
+        self.routing_fetch_bytes = 0  # what those round trips carried (base64 JSON)
 
     async def _http(self) -> aiohttp.ClientSession:
         # A session belongs to one event loop; each asyncio.run() (one per iteration) gets its own.
@@ -94,6 +101,8 @@ class InstanceClient:
         if req.stop:
             body["stop"] = list(req.stop)
             body["include_stop_str_in_output"] = True
+        if req.cache_salt:
+            body["cache_salt"] = req.cache_salt
         return body
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
@@ -137,6 +146,9 @@ class InstanceClient:
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         finish = choice.get("finish_reason") or "stop"
+        routing, routing_start = (None, 0)
+        if self.routing is not None and token_ids:
+            routing, routing_start = await self._take_routing(req.request_id)
         return GenerateResult(
             request_id=req.request_id,
             token_ids=token_ids,
@@ -147,7 +159,55 @@ class InstanceClient:
             instance=self.name,
             start_time=start,
             finish_time=time.time(),
+            routing=routing,
+            routing_start=routing_start,
         )
+
+    # ---- routing replay (seer.fleet.routing_ext in the instance's worker) -------------------------
+    async def _rpc(self, method: str, *args: str, timeout_s: float = 60.0) -> list:
+        async with (await self._http()).post(
+            f"{self.base_url}/collective_rpc", json={"method": method, "args": list(args), "timeout": timeout_s},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as r:
+            text = await r.text()
+            if r.status >= 400:
+                raise InstanceError(f"{self.name}: {method} failed ({r.status}): {text[:1000]}")
+        self.routing_fetch_bytes += len(text)
+        return [x for x in (json.loads(text) if text.strip() else {}).get("results", []) if x]
+
+    async def enable_routing(self, cap_bytes: int = 0) -> dict:
+        """Turn the instance's routing capture on (needs `--enforce-eager`: a compiled model never
+        calls the capture hook); returns and keeps its header. Raises for a dense model."""
+        results = await self._rpc("seer_routing_enable", str(int(cap_bytes)))
+        if not results:
+            raise InstanceError(f"{self.name}: no worker answered seer_routing_enable")
+        self.routing = json.loads(results[0])
+        # a probe: a compiled model (no --enforce-eager) never calls the hook and records nothing
+        probe = await self.generate(GenerateRequest(f"seer-routing-probe-{self.name}", [1, 2, 3], 2,
+                                                    SamplingParams(temperature=0.0), logprobs=False))
+        if probe.routing is None or probe.routing.num_tokens < 1:
+            self.routing = None
+            raise InstanceError(f"{self.name}: routing capture recorded nothing for a probe request; the "
+                                "instance must run its model eagerly (vLLM's --enforce-eager)")
+        return self.routing
+
+    async def _take_routing(self, request_id: str) -> tuple[Routing | None, int]:
+        """The rows the instance recorded for `request_id` (popped there), or (None, 0) when it has
+        none (the driver then recomputes them: seer.scheduler.routing)."""
+        t0 = time.perf_counter()
+        try:
+            results = await self._rpc("seer_routing_take", json.dumps([request_id]))
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, InstanceError):
+            return None, 0
+        finally:
+            self.routing_fetch_s += time.perf_counter() - t0
+        if not results:
+            return None, 0
+        d = json.loads(results[0])
+        got = d["requests"].get(request_id)
+        if got is None:
+            return None, 0
+        return Routing(int(d["layers"]), int(d["top_k"]), d["dtype"], base64.b64decode(got["data"])), int(got["start"])
 
     async def abort(self, request_id: str) -> None:
         task = self._inflight.get(request_id)

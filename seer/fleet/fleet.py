@@ -262,6 +262,16 @@ class Fleet:
         if version is not None:
             await self.on_live("before the rollout", lambda cs: require_version(cs, version))
 
+    async def enable_routing(self) -> None:
+        """Routing replay: turn on every live instance's routing capture (seer.fleet.routing_ext);
+        each chunk's routing then comes back with its result. A dense model is refused there."""
+        headers = await asyncio.gather(*(c.enable_routing() for c in self.backends))
+        if len({(h["layers"], h["top_k"], h["dtype"]) for h in headers}) != 1:
+            raise FleetError(f"instances capture different routing layouts: {headers}")
+        h = headers[0]
+        self.notify(f"  routing capture on: {h['layers']} MoE layers x top-{h['top_k']} of {h['num_experts']} "
+                    f"experts ({h['dtype']}), {h['layers'] * h['top_k'] * (1 if h['dtype'] == 'uint8' else 2)} B per token")
+
     async def versions(self) -> dict[str, int]:
         clients = self.backends
         return dict(zip([c.name for c in clients], await asyncio.gather(*(weight_version(c) for c in clients))))

@@ -91,3 +91,25 @@ class SeerWeightExtension:
 
     def seer_weight_version(self) -> str:
         return str(getattr(self, "_seer_weight_version", 0))
+
+    # ---- routing capture for routing replay (seer.fleet.routing_ext; off unless enabled) ----
+    def seer_routing_enable(self, cap_bytes: str = "0") -> str:
+        """Start recording every MoE layer's top-k experts per computed token; returns the
+        recorder's header (layers, top_k, dtype, num_experts) as JSON. Only the first rank records
+        (tensor-parallel ranks route alike)."""
+        from seer.fleet import routing_ext
+
+        if getattr(self, "rank", 0) != 0:
+            return ""
+        return routing_ext.enable(self, int(cap_bytes) or routing_ext.DEFAULT_CAP_BYTES)
+
+    def seer_routing_take(self, ids_json: str) -> str:
+        """Pop the recorded rows of the given caller request ids (JSON list); JSON answer."""
+        from seer.fleet import routing_ext
+
+        return "" if getattr(self, "rank", 0) != 0 else routing_ext.take(self, ids_json)
+
+    def seer_routing_stats(self) -> str:
+        from seer.fleet import routing_ext
+
+        return "" if getattr(self, "rank", 0) != 0 else routing_ext.stats(self)

@@ -122,6 +122,8 @@ def stats_from_result(result: RolloutResult, iteration: int, names: list[str], *
         "policy_summary": result.policy_summary,
         "kv_timeline": kv_timeline,
     }
+    if result.routing:  # routing replay's counters (seer.scheduler.routing)
+        extra["routing"] = result.routing
     return iteration_stats(
         iteration, result.policy, result.start_time, result.end_time, finish_times,
         result.output_tokens, instances, extra,

@@ -19,6 +19,7 @@ from seer.scheduler.decisions import Decision, Dispatch
 from seer.scheduler.events import ChunkEvent
 from seer.scheduler.placement import InstanceLoad
 from seer.scheduler.policies import Policy
+from seer.scheduler.routing import RoutingLedger
 from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 
@@ -74,13 +75,16 @@ class Dispatcher:
         kv_capacity_tokens: int | None = None,
         max_chunk_retries: int = DEFAULTS.max_chunk_retries,
         turns: TurnSplitter | None = None,
+        routing: bool = False,
     ) -> None:
         """`sampling.max_tokens` is each request's length limit; `sampling.seed`, when set, is the
         base of every chunk's seed. `kv_capacity_tokens` overrides what telemetry reports.
 
         `turns`: multi-turn requests. Every request then starts waiting for its environment, and
         each turn that ends (by `turns.cut`) is queued in `turn_ends` until `resume` answers it;
-        `sampling.max_tokens` bounds the whole trajectory, observations included."""
+        `sampling.max_tokens` bounds the whole trajectory, observations included.
+
+        `routing`: routing replay; each chunk's routing joins its request's (seer.scheduler.routing)."""
         if not instances or len(set(instances)) != len(instances):
             raise ValueError(f"need distinct instance names, got {list(instances)}")
         self.buffer = RequestBuffer(prompts, group_size, sampling.max_tokens, request_id_prefix,
@@ -103,6 +107,7 @@ class Dispatcher:
         self.samples: list[Sample] = []
         self.output_tokens = 0
         self.chunks_migrated = 0  # completed chunks that ran elsewhere than their request's previous one
+        self.routing = RoutingLedger() if routing else None
         for req in self.buffer.ready():
             policy.on_ready(req)
 
@@ -184,7 +189,9 @@ class Dispatcher:
         if self.turns is not None:
             self._complete_turn_chunk(ticket, result, now)
             return None
+        before = req.generated
         finished = self.buffer.end_chunk(req, result.token_ids, result.logprobs, result.finish_reason, now)
+        self._record_routing(ticket, result, req.generated - before)
         self.output_tokens += len(result.token_ids)
         self.chunks_migrated += ticket.migrated
         self.events.append(self._event(
@@ -214,6 +221,7 @@ class Dispatcher:
             keep, reason = room, "length"
         ids = list(result.token_ids[:keep])
         self.buffer.end_turn_chunk(req, ids, list(result.logprobs[:keep]), now, turn_over=reason is not None)
+        self._record_routing(ticket, result, len(ids))
         self.output_tokens += len(ids)
         self.chunks_migrated += ticket.migrated
         self.events.append(self._event(
@@ -227,6 +235,11 @@ class Dispatcher:
         if result.finish_reason == "abort":
             self._count_failure(req, f"aborted on {ticket.instance}")
         self.policy.on_ready(req)
+
+    def _record_routing(self, ticket: ChunkTicket, result: GenerateResult, kept: int) -> None:
+        if self.routing is not None:
+            req = ticket.request
+            self.routing.record(req.request_id, req.next_prompt(), len(ticket.generate.prompt_ids), kept, result)
 
     def _turn_tokens_left(self, req: Request) -> int:
         """Multi-turn with env.max_turn_tokens: what the request's turn may still generate, so that

@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from seer.types import InstanceBackend, Telemetry
-from seer.types import PromptSpec, Sample, SamplingParams
+from seer.types import GenerateRequest, PromptSpec, Sample, SamplingParams
 from seer.scheduler.config import SchedulerConfig
 from seer.scheduler.decisions import Wait
 from seer.scheduler.dispatcher import ChunkTicket, Dispatcher, RolloutError, Unfinished
 from seer.scheduler.events import ChunkEvent, EnvWait, Progress
 from seer.scheduler.policies import LengthKey
+from seer.scheduler.routing import RoutingIncomplete
 from seer.scheduler.turns import TurnEnd, TurnReply, TurnSplitter
 
 SampleCallback = Callable[[Sample], Awaitable[None] | None]
@@ -47,6 +49,7 @@ class RolloutResult:
     # A partial rollout (`stop_when`): the requests it stopped before they finished, as they were
     unfinished: list[Unfinished] = field(default_factory=list)
     env_waits: list[EnvWait] = field(default_factory=list)  # multi-turn: every wait for an environment
+    routing: dict = field(default_factory=dict)  # routing replay's counters (seer.scheduler.routing); {} when off
 
     @property
     def wall_s(self) -> float:
@@ -160,6 +163,8 @@ class RolloutDriver:
             kv_capacity_tokens=self.config.kv_capacity_tokens,
             max_chunk_retries=self.config.max_chunk_retries,
             turns=turns,
+            # routing replay: instances whose capture is on (seer.fleet.client.InstanceClient.enable_routing)
+            routing=any(getattr(b, "routing", None) for b in self.backends.values()),
         )
         timeline: list[Telemetry] = []
         await self._poll_telemetry(disp, timeline)  # capacities before the first decision
@@ -178,6 +183,7 @@ class RolloutDriver:
         callbacks: list[asyncio.Task] = []
 
         stopped = False
+        routing: dict = {}
 
         def finished(sample: Sample | None) -> None:
             nonlocal stopped
@@ -247,6 +253,7 @@ class RolloutDriver:
                                  migrated=disp.chunks_migrated,
                                  instances=tuple((l.name, l.kv_usage, l.running) for l in disp.loads))
                     )
+            routing = await self._complete_routing(disp)
             end = self.clock()
             if callbacks:
                 await asyncio.gather(*callbacks)
@@ -270,7 +277,45 @@ class RolloutDriver:
             dropped=list(disp.dropped),
             unfinished=disp.unfinished(),
             env_waits=env_waits,
+            routing=routing,
         )
+
+    async def _complete_routing(self, disp: Dispatcher) -> dict:
+        """Routing replay: give every finished sample its routing (seer.scheduler.routing). Tokens
+        no returned chunk computed are recomputed first, on a live instance, with a cache salt so
+        that it computes them all; a sample whose routing stays incomplete fails the rollout."""
+        ledger = disp.routing
+        if ledger is None:
+            return {}
+        t0 = self.clock()
+        tokens = {s.request_id: [*s.prompt.prompt_ids, *s.response_ids] for s in disp.samples}
+        todo = [(rid, n) for rid, toks in tokens.items() if (n := ledger.missing_prefix(rid, toks))]
+
+        async def recompute(k: int, rid: str, n: int) -> None:
+            live = [l.name for l in disp.loads if l.down is None and getattr(self.backends[l.name], "routing", None)]
+            errors = []
+            for name in live[k % len(live):] + live[: k % len(live)] if live else []:
+                req = GenerateRequest(f"{rid}-routing", tokens[rid][:n], 1, SamplingParams(max_tokens=1),
+                                      logprobs=False, cache_salt=secrets.token_hex(8))
+                try:
+                    result = await self.backends[name].generate(req)
+                except Exception as e:  # that instance failed: try the next
+                    errors.append(f"{name}: {e!r}")
+                    continue
+                if result.routing is None or result.routing_start != 0:
+                    errors.append(f"{name}: no routing from position 0 (start {result.routing_start})")
+                    continue
+                ledger.add_recomputed(rid, result, n)
+                return
+            raise RoutingIncomplete(f"{rid}: the routing of its first {n} tokens is missing and could not be "
+                                    f"recomputed: {'; '.join(errors) or 'no live instance captures routing'}")
+
+        await asyncio.gather(*(recompute(k, rid, n) for k, (rid, n) in enumerate(todo)))
+        for s in disp.samples:
+            s.routing = ledger.routing_of(s.request_id, tokens[s.request_id])
+        summary = ledger.summary()
+        summary.update(recomputed_tokens=sum(n for _, n in todo), complete_s=round(self.clock() - t0, 4))
+        return summary
 
     async def _instance_lost(self, disp: Dispatcher, name: str, error: BaseException | None) -> bool:
         """After a chunk failed: is its instance gone? A down instance stays down for the rollout;

@@ -60,6 +60,9 @@ class TrainerConfig:
     gpus_per_rank: float = 0.0  # Ray GPUs a rank's bundle reserves (1 on a GPU cluster)
     placement_strategy: str = "PACK"  # the ranks' placement group: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
     threads_per_rank: int | None = None  # torch threads; None: the rank's node cores / ranks on that node
+    # MoE routing replay (R3): the instances record each token's experts and the trainer's routers
+    # replay them (docs/models.md); refused for a dense model
+    routing_replay: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_layout not in ("tree", "packed", "padded"):

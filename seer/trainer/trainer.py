@@ -86,6 +86,19 @@ class _Totals:
         self.mismatch_max = max(self.mismatch_max, float(diff.max()))
 
 
+def _checked_routing(s, replay: bool):
+    """A sample's routing as the trainer takes it: one row per prompt + response token, or an error
+    (a misaligned replay would route every later token wrongly, silently). None when replay is off."""
+    if not replay:
+        return None
+    r = s.routing
+    want = len(s.prompt.prompt_ids) + len(s.response_ids)
+    if r is None or r.num_tokens != want:
+        raise ValueError(f"trainer.routing_replay: sample {s.request_id} has routing for "
+                         f"{None if r is None else r.num_tokens} tokens, not its {want} prompt + response tokens")
+    return r
+
+
 class Trainer:
     """Megatron-core policy + AdamW, loaded from and exported to HF checkpoints.
 
@@ -260,6 +273,9 @@ class Trainer:
                 advantage=float(a),
                 rollout_logprobs=response_logprobs(s.logprobs, s.loss_mask, len(s.response_ids)),
                 loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
+                # prompt + response rows, in the order of prompt_ids + response_ids (multi-turn:
+                # response_ids holds the observations too, with their rows from the next prefill)
+                routing=_checked_routing(s, self.config.routing_replay),
             )
             for s, a in zip(samples, adv, strict=True)
             if s.response_ids
