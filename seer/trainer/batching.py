@@ -48,6 +48,8 @@ class MicroBatch:
     rollout_logprobs: torch.Tensor  # [B, S-1] float, 0 where unknown
     has_rollout_logprobs: torch.Tensor  # [B] bool
     old_logprobs: torch.Tensor | None = None  # filled in by the trainer before the update
+    lengths: torch.Tensor | None = None  # [B] long: real tokens per row (the rest is padding)
+    routing: torch.Tensor | None = None  # [B, S, moe layers, top_k] expert ids (routing replay), when every row has them
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +97,12 @@ def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> M
         if s.rollout_logprobs is not None and len(s.rollout_logprobs) == r:
             rollout[row, p - 1 : p - 1 + r] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
             has_rollout[row] = True
+    routing = None
+    if seqs and all(s.routing is not None for s in seqs):
+        from seer.trainer.routing import padded_routing  # the same rows and positions as input_ids
+
+        r0 = seqs[0].routing
+        routing = padded_routing([s.routing for s in seqs], [s.length for s in seqs], width, r0.layers, r0.top_k)
     return MicroBatch(
         indices=list(indices),
         input_ids=input_ids,
@@ -103,6 +111,8 @@ def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> M
         advantages=torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32),
         rollout_logprobs=rollout,
         has_rollout_logprobs=has_rollout,
+        lengths=torch.tensor([s.length for s in seqs], dtype=torch.long),
+        routing=routing,
     )
 
 

@@ -6,6 +6,7 @@ Two things are not a plain rename:
   * SwiGLU MLP: HF's gate_proj and up_proj are stacked into ``linear_fc1`` as [gate; up], which is
     what Megatron's gated_linear_unit splits in half (silu(first) * second).
 Everything else is a rename. Both directions are exact inverses (tests round-trip them).
+MoE layers (Qwen3-MoE's router and experts) are mapped by ``seer.trainer.moe``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+from seer.trainer.moe import MoEArch, hf_layer_to_megatron, megatron_layer_to_hf
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class HFArch:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    moe: MoEArch | None = None  # the sparse layers of a MoE model (Qwen3-MoE); None: dense
 
     @classmethod
     def from_config(cls, cfg: dict) -> HFArch:
@@ -55,12 +59,13 @@ class HFArch:
             raise NotImplementedError("Llama attention_bias / mlp_bias are not supported")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
         return cls(
             model_type=model_type,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -69,6 +74,7 @@ class HFArch:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
+            moe=MoEArch.from_config(cfg, layers) if model_type == "qwen3_moe" else None,
         )
 
     @classmethod
@@ -116,6 +122,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch
             )
         out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        if arch.moe is not None and i in arch.moe.layers:
+            out.update(hf_layer_to_megatron(hf, h, m, arch.moe))
+            continue
         out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]], 0)
         out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
     out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -138,6 +147,9 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torc
             out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = qb, kb, vb
         out[a + "o_proj.weight"] = meg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = meg[m + "pre_mlp_layernorm.weight"]
+        if arch.moe is not None and i in arch.moe.layers:
+            out.update(megatron_layer_to_hf(meg, h, m, arch.moe))
+            continue
         gate, up = torch.chunk(meg[m + "mlp.linear_fc1.weight"], 2, dim=0)
         out[h + "mlp.gate_proj.weight"] = gate.contiguous()
         out[h + "mlp.up_proj.weight"] = up.contiguous()

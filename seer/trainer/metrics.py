@@ -27,4 +27,6 @@ class TrainMetrics:
         """The fields an iteration's metrics record carries (seer.metrics_log)."""
         return {"train_s": self.time_s, "loss": self.loss, "pg_clipfrac": self.pg_clipfrac, "kl": self.kl,
                 "entropy": self.entropy, "grad_norm": self.grad_norm, "zero_adv_fraction": self.zero_adv_fraction,
-                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max}
+                "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max,
+                # MoE models: expert load and router entropy (seer.trainer.moe.RouterStats)
+                **{k: v for k, v in self.extra.items() if k.startswith("moe_")}}

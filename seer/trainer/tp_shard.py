@@ -10,7 +10,9 @@ split mirrors what Megatron's layers hold at tp > 1 (tests build a model at tp=2
     chunks are whole KV groups (needs num_kv_heads % tp == 0);
   * column-parallel ``linear_fc1`` is gated: the full [gate; up] splits as [gate_r; up_r] per rank;
   * row-parallel ``linear_proj`` and ``linear_fc2``: dim 1;
-  * layernorms: replicated.
+  * layernorms: replicated;
+  * MoE routers and experts: replicated over TP (experts are split by expert parallelism instead,
+    with expert tensor parallelism 1: ``seer.trainer.moe``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ _SUFFIX_SPLITS: tuple[tuple[str, Split], ...] = (
     (".mlp.linear_fc1.weight", Split.GATED),
     (".mlp.linear_fc2.weight", Split.ROW),
     ("layernorm.weight", Split.REPLICATED),  # input_, pre_mlp_, final_layernorm
+    (".mlp.router.weight", Split.REPLICATED),
+    (".linear_fc1.weight", Split.REPLICATED),  # MoE experts (.mlp.experts.local_experts.<e>.)
+    (".linear_fc2.weight", Split.REPLICATED),
 )
 
 _SPLIT_DIM = {Split.VOCAB: 0, Split.COLUMN: 0, Split.GATED: 0, Split.ROW: 1}

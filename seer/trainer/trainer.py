@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
-from seer.trainer import losses, tp_shard
+from seer.trainer import losses, moe, tp_shard
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
 from seer.trainer.batching import MicroBatch, TrainSequence, make_micro_batches, response_logprobs, shard_by_tokens
@@ -100,14 +100,19 @@ class Trainer:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group() if self.dp_size > 1 else None
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.ep_size = parallel_state.get_expert_model_parallel_world_size()
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
+        if self.arch.moe is None and (self.config.routing_replay or self.ep_size > 1):
+            raise ValueError(f"trainer.routing_replay and expert_parallel need an MoE model, not {self.arch.model_type!r}")
         hf_state = read_hf_state_dict(self.hf_path)
         self.model = self._build(hf_state)
         self.ref_model = None  # the initial weights, frozen (also after a resume)
         if self.config.kl_coef > 0:
             self.ref_model = self._build(hf_state).eval().requires_grad_(False)
+        # expert load and router entropy of the policy's training forwards (MoE models)
+        self.router_stats = moe.RouterStats(self.model, self.arch.moe.num_experts) if self.arch.moe else None
         named = list(self.model.named_parameters())
         decay = [(n, p) for n, p in named if p.ndim >= 2]
         no_decay = [(n, p) for n, p in named if p.ndim < 2]
@@ -139,19 +144,25 @@ class Trainer:
             self.hf_state_dict()
 
     def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        model = build_gpt_model(self.arch, self.dtype)
+        model = build_gpt_model(self.arch, self.dtype, moe_aux_loss_coef=self.config.moe_aux_loss_coef,
+                                routing_replay=self.config.routing_replay)
         load_hf_weights(model, hf_state, self.arch)  # this rank's shard under tensor parallelism
         return model.to(self.device)
 
     # ---- this rank's share of full tensors (identity at tensor_parallel 1) -----------------
 
     def _local_state(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.ep_size > 1:
+            full = moe.ep_local_state(full, self.arch.moe.num_experts, parallel_state.get_expert_model_parallel_rank(),
+                                      self.ep_size)
         if self.tp_size == 1:
             return full
         return tp_shard.shard_state(full, self.arch, parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
 
     def _full_state(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Full tensors from this rank's shards (a collective over the tensor-parallel group)."""
+        """Full tensors from this rank's shards (a collective over the tensor- and expert-parallel groups)."""
+        if self.ep_size > 1:
+            local = moe.ep_full_state(local, parallel_state.get_expert_model_parallel_group())
         return local if self.tp_size == 1 else tp_shard.gather_state(local, self.arch)
 
     def _model_state(self) -> dict[str, torch.Tensor]:
@@ -171,18 +182,27 @@ class Trainer:
         global token count); a rank whose shard was empty contributes zeros."""
         if self.dp_size == 1:
             return
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        for _, p in named:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(reduced)
+        # Under expert parallelism a rank's experts are its own: their grads (which the token
+        # exchange already summed over the EP group) are reduced over the expert-data-parallel ranks.
+        expert_group = parallel_state.get_expert_data_parallel_group() if self.ep_size > 1 else self.dp_group
+        for group, want_expert in ((self.dp_group, False), (expert_group, True)):
+            grads = [p.grad for n, p in named if (self.ep_size > 1 and moe.is_expert_param(n)) == want_expert]
+            if not grads or dist.get_world_size(group) == 1:
+                continue
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=group)
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
 
     def _clip_grads(self) -> float:
         """Clip by the global norm: over the whole model, its tensor-parallel shards counted once."""
+        if self.ep_size > 1:
+            return moe.clip_grad_norm_ep(self.model.named_parameters(), self.config.max_grad_norm,
+                                         parallel_state.get_expert_model_parallel_group())
         if self.tp_size == 1:
             return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         return tp_shard.clip_grad_norm_tp(self.model.named_parameters(), self.config.max_grad_norm)
@@ -190,13 +210,22 @@ class Trainer:
     # ---- forward helpers -------------------------------------------------------------------
 
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        return forward_logits(model, mb.input_ids)[:, :-1]
+        if self.arch.moe is None:
+            return forward_logits(model, mb.input_ids)[:, :-1]
+        stats = self.router_stats if model is self.model and model.training else None
+        with moe.forward_scope(model, mb, replay_on=self.config.routing_replay, stats=stats):
+            return forward_logits(model, mb.input_ids)[:, :-1]
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
-        return [
+        """Every rank calls this once per batch it forwards, even with no sequences (under expert
+        parallelism the ranks of an EP group run equally many micro-batches)."""
+        mbs = [
             mb.to(self.device)
             for mb in make_micro_batches(seqs, self.config.max_tokens_per_micro_batch, self.config.pad_token_id)
         ]
+        if self.ep_size > 1:
+            mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device)
+        return mbs
 
     @torch.no_grad()
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -225,6 +254,7 @@ class Trainer:
                 advantage=float(a),
                 rollout_logprobs=response_logprobs(s.logprobs, s.loss_mask, len(s.response_ids)),
                 loss_mask=list(s.loss_mask) if s.loss_mask is not None else None,
+                routing=s.routing,
             )
             for s, a in zip(samples, adv.tolist(), strict=True)
             if s.response_ids
@@ -248,9 +278,11 @@ class Trainer:
         for k in range(n_mini):
             mini = seqs[k::n_mini]
             mine = self._my_share(mini, [s.length for s in mini])
-            minis.append((self._micro_batches(mine) if mine else [], float(sum(s.trained_tokens for s in mini)),
+            minis.append((self._micro_batches(mine), float(sum(s.trained_tokens for s in mini)),
                           float(sum(1 for s in mini if s.trained_tokens > 0))))
         totals = _Totals()
+        if self.router_stats is not None:
+            self.router_stats.reset()
 
         # Old log-probs and the mismatch check for later mini-batches must see pre-update weights.
         self.model.eval()
@@ -297,6 +329,11 @@ class Trainer:
             self.optimizer.step()
         if self.dp_size > 1:
             objective = totals.all_reduce(self.dp_group, objective)
+        extra = {"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini}
+        if self.router_stats is not None:
+            if self.dp_size > 1:
+                self.router_stats.all_reduce(self.dp_group)
+            extra.update(self.router_stats.summary())
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
         n_zero = sum(1 for s in seqs if s.advantage == 0.0)
@@ -314,7 +351,7 @@ class Trainer:
             sequences=len(seqs),
             zero_adv_fraction=n_zero / len(seqs),
             time_s=time.perf_counter() - t0,
-            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini},
+            extra=extra,
         )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -332,7 +369,7 @@ class Trainer:
         seqs = [TrainSequence(e.prompt_ids, e.response_ids) for e in examples if e.response_ids]
         n_tokens = float(sum(s.trained_tokens for s in seqs))
         mine = self._my_share(seqs, [s.length for s in seqs])
-        mbs = self._micro_batches(mine) if mine else []
+        mbs = self._micro_batches(mine)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -394,7 +431,7 @@ class Trainer:
             "model": self._full_state(self._model_state()),
             "optimizer": {"state": moments, "param_groups": groups},
             "config": asdict(self.config),
-            "world": {"data_parallel": self.dp_size, "tensor_parallel": self.tp_size},
+            "world": {"data_parallel": self.dp_size, "tensor_parallel": self.tp_size, "expert_parallel": self.ep_size},
             "torch_rng": torch.get_rng_state(),
         }
 
