@@ -1,11 +1,12 @@
-"""Exact correspondence between HF Qwen2/Llama checkpoints and Megatron-core GPTModel.
+"""Exact correspondence between HF Qwen2/Qwen3/Llama checkpoints and Megatron-core GPTModel.
 
 Two things are not a plain rename:
   * attention: HF keeps q_proj / k_proj / v_proj; Megatron fuses them into ``linear_qkv`` laid out
     per KV group as [q heads of the group | k | v] (GQA layout), for weights and Qwen2's biases;
   * SwiGLU MLP: HF's gate_proj and up_proj are stacked into ``linear_fc1`` as [gate; up], which is
     what Megatron's gated_linear_unit splits in half (silu(first) * second).
-Everything else is a rename. Both directions are exact inverses (tests round-trip them).
+Everything else is a rename (Qwen3's per-head ``q_norm`` / ``k_norm`` are Megatron's
+``q_layernorm`` / ``k_layernorm``: RMSNorm over head_dim, one weight shared by every head). Both directions are exact inverses (tests round-trip them).
 MoE layers (Qwen3-MoE's router and experts) are mapped by ``seer.trainer.moe``.
 """
 
@@ -19,7 +20,18 @@ import torch
 
 from seer.trainer.moe import MoEArch, hf_layer_to_megatron, megatron_layer_to_hf
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (config ``rope_type: llama3``), as transformers reads it."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class HFArch:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k before RoPE
+    rope_scaling: Llama3RopeScaling | None = None  # None: default RoPE
     moe: MoEArch | None = None  # the sparse layers of a MoE model (Qwen3-MoE); None: dense
 
     @classmethod
@@ -50,13 +64,22 @@ class HFArch:
             raise NotImplementedError(f"hidden_act {cfg['hidden_act']!r}: only SwiGLU (silu) MLPs are supported")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (only default RoPE)")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (have {SUPPORTED_ROPE_TYPES})")
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        max_positions = int(cfg.get("max_position_embeddings", 4096))
+        rope_scaling = None
+        if rope_type == "llama3":
+            rope_scaling = Llama3RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope.get("original_max_position_embeddings") or max_positions),
+            )
         if cfg.get("use_sliding_window", False):
             raise NotImplementedError("sliding-window attention is not supported")
-        if model_type == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
-            raise NotImplementedError("Llama attention_bias / mlp_bias are not supported")
+        if model_type in ("llama", "qwen3", "qwen3_moe") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+            raise NotImplementedError(f"{model_type} attention_bias / mlp_bias are not supported")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         layers = int(cfg["num_hidden_layers"])
@@ -71,9 +94,11 @@ class HFArch:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            rope_scaling=rope_scaling,
             moe=MoEArch.from_config(cfg, layers) if model_type == "qwen3_moe" else None,
         )
 
@@ -120,6 +145,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch
             out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(
                 hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"], arch
             )
+        if arch.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf[a + "q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf[a + "k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
         if arch.moe is not None and i in arch.moe.layers:
@@ -145,6 +173,9 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torc
         if arch.qkv_bias:
             qb, kb, vb = _split_qkv(meg[m + "self_attention.linear_qkv.bias"], arch)
             out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = qb, kb, vb
+        if arch.qk_norm:
+            out[a + "q_norm.weight"] = meg[m + "self_attention.q_layernorm.weight"]
+            out[a + "k_norm.weight"] = meg[m + "self_attention.k_layernorm.weight"]
         out[a + "o_proj.weight"] = meg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = meg[m + "pre_mlp_layernorm.weight"]
         if arch.moe is not None and i in arch.moe.layers:

@@ -1,4 +1,4 @@
-"""Build a Megatron-core GPTModel that is the same network as a HF Qwen2/Llama checkpoint.
+"""Build a Megatron-core GPTModel that is the same network as a HF Qwen2/Qwen3/Llama checkpoint.
 
 The layer spec is Megatron's local (non-Transformer-Engine) one on CPU and GPU alike, so the math
 is identical on both and on a GPU nothing depends on TE being installed. Dropout is off: RL
@@ -64,6 +64,7 @@ def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=params_dtype,
@@ -120,7 +121,7 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
     vocab = padded_vocab_size or tp_shard.padded_vocab_size(arch.vocab_size, tp_size)
     if vocab < arch.vocab_size or vocab % tp_size:
         raise ValueError(f"padded_vocab_size {vocab} must be >= vocab {arch.vocab_size} and a multiple of tp {tp_size}")
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     spec.submodules.self_attention.submodules.core_attention = CausalSDPAttention
     ep_size = expert_parallel_size()
     if arch.moe is not None:
@@ -140,11 +141,28 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         parallel_output=parallel_output,
     )
+    if arch.rope_scaling is not None:
+        _scale_rope_llama3(model, arch)
     model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
     if arch.moe is not None:
         moe_layers.after_build(model)
     tp_shard.mark_tp_params(model.named_parameters())
     return model
+
+
+def _scale_rope_llama3(model: GPTModel, arch: HFArch) -> None:
+    """Llama 3.1's RoPE frequencies with the checkpoint's parameters.
+
+    Megatron's own switch (``rope_scaling=True``) takes only the factor and hard-codes the other
+    three; its ``_apply_scaling`` is transformers' formula line for line, so it is called here
+    with every parameter the config names (tests compare the logits with transformers').
+    """
+    rope, scaling = model.rotary_pos_emb, arch.rope_scaling
+    rope.inv_freq = rope._apply_scaling(
+        rope.inv_freq, factor=scaling.factor, low_freq_factor=scaling.low_freq_factor,
+        high_freq_factor=scaling.high_freq_factor,
+        original_max_position_embeddings=scaling.original_max_position_embeddings,
+    )
 
 
 def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:

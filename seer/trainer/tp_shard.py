@@ -10,7 +10,9 @@ split mirrors what Megatron's layers hold at tp > 1 (tests build a model at tp=2
     chunks are whole KV groups (needs num_kv_heads % tp == 0);
   * column-parallel ``linear_fc1`` is gated: the full [gate; up] splits as [gate_r; up_r] per rank;
   * row-parallel ``linear_proj`` and ``linear_fc2``: dim 1;
-  * layernorms: replicated;
+  * layernorms: replicated. Qwen3's ``q_layernorm`` / ``k_layernorm`` (one head_dim weight shared
+    by every head) are replicated too, but each rank's backward sees only its own heads, so their
+    grads are partial sums that ``sum_partial_grads`` adds up over the TP group.
   * MoE routers and experts: replicated over TP (experts are split by expert parallelism instead,
     with expert tensor parallelism 1: ``seer.trainer.moe``).
 """
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.trainer.hf_mapping import HFArch
 
@@ -64,6 +67,14 @@ def split_of(name: str) -> Split:
 def split_dim(name: str) -> int | None:
     """The dim a parameter is sharded on under TP, or None when it is replicated."""
     return _SPLIT_DIM.get(split_of(name))
+
+
+_PARTIAL_GRAD_SUFFIXES = (".self_attention.q_layernorm.weight", ".self_attention.k_layernorm.weight")
+
+
+def has_partial_grad(name: str) -> bool:
+    """A replicated parameter applied to this rank's heads only: its grad is this rank's share."""
+    return name.endswith(_PARTIAL_GRAD_SUFFIXES)
 
 
 def is_tp_sharded(name: str) -> bool:
@@ -222,6 +233,20 @@ def mark_tp_params(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> No
         p.tensor_model_parallel = dim is not None
         p.partition_dim = -1 if dim is None else dim
         p.partition_stride = 1
+
+
+def sum_partial_grads(named_params: Iterable[tuple[str, torch.nn.Parameter]],
+                      tp_group: dist.ProcessGroup | None = None) -> None:
+    """All-reduce (sum) over the TP group the grads of replicated params used per head (QK-norm),
+    so every rank holds the full grad, as Megatron's finalize_model_grads does. A collective."""
+    grads = [p.grad for name, p in named_params if has_partial_grad(name) and p.grad is not None]
+    group = _tp_group(tp_group)
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for g, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(summed)
 
 
 def tp_grad_norm(named_params: Iterable[tuple[str, torch.nn.Parameter]],

@@ -179,7 +179,10 @@ class Trainer:
 
     def _reduce_grads(self) -> None:
         """Sum the gradients over the data-parallel ranks (each loss is already normalised by the
-        global token count); a rank whose shard was empty contributes zeros."""
+        global token count); a rank whose shard was empty contributes zeros. Under tensor
+        parallelism QK-norm grads are first summed over the heads' ranks."""
+        if self.tp_size > 1:
+            tp_shard.sum_partial_grads(self.model.named_parameters())
         if self.dp_size == 1:
             return
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]

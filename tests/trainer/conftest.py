@@ -12,6 +12,12 @@ warnings.filterwarnings("ignore", message="Apex is not installed")
 torch.set_num_threads(1)
 
 
+# head_dim 16 at theta 5e5: wavelengths 6.3, 32, 167, ... tokens, so one frequency is kept, one is
+# smoothed and the rest are divided by the factor (original context 64: low 64, high 16 tokens)
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+
+
 def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, seed: int = 0) -> Path:
     import transformers
 
@@ -30,6 +36,12 @@ def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, se
     torch.manual_seed(seed)
     if model_type == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif model_type == "qwen3":  # QK-norm, and a head_dim decoupled from hidden / heads as Qwen3's
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32))
+    elif model_type == "llama3":  # Llama 3.1's RoPE scaling, shaped so that a 24-token sequence feels it
+        config = transformers.LlamaConfig(**common)
+        config.rope_parameters = dict(LLAMA3_ROPE, rope_theta=500000.0)
+        model = transformers.LlamaForCausalLM(config)
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     # HF initialises biases to 0 and norms to 1; randomise them so a swapped or dropped mapping shows
@@ -51,3 +63,13 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_tied(tmp_path_factory) -> Path:
     return make_tiny_hf(tmp_path_factory.mktemp("tiny_llama_tied"), "llama", tie=True, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_tied(tmp_path_factory) -> Path:
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_qwen3_tied"), "qwen3", tie=True, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3(tmp_path_factory) -> Path:
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_llama3"), "llama3", seed=3)

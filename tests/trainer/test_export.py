@@ -22,7 +22,7 @@ def _hf_logits(path, ids):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_llama_tied"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_llama_tied", "tiny_qwen3_tied", "tiny_llama3"])
 def test_megatron_matches_hf_and_export_round_trips(fixture, request, tmp_path):
     src = request.getfixturevalue(fixture)
     trainer = Trainer(src, TrainerConfig())
@@ -43,6 +43,28 @@ def test_megatron_matches_hf_and_export_round_trips(fixture, request, tmp_path):
     assert (out / "generation_config.json").read_text() == (src / "generation_config.json").read_text()
     with pytest.raises(ValueError):
         trainer.export_hf(src)  # never overwrite the checkpoint the trainer was loaded from
+
+
+def test_llama3_rope_scaling_is_applied_with_the_configs_parameters(tiny_llama3):
+    """The frequencies are transformers' for this config, and without them the logits differ."""
+    import dataclasses
+
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from seer.trainer.distributed import init_megatron
+    from seer.trainer.model import build_gpt_model, load_hf_weights
+
+    init_megatron(0)
+    arch = HFArch.from_dir(tiny_llama3)
+    assert arch.rope_scaling is not None and arch.rope_scaling.original_max_position_embeddings == 64
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](transformers.AutoConfig.from_pretrained(tiny_llama3), "cpu")
+    assert torch.equal(build_gpt_model(arch).rotary_pos_emb.inv_freq, expected)
+    unscaled = build_gpt_model(dataclasses.replace(arch, rope_scaling=None))
+    load_hf_weights(unscaled, read_hf_state_dict(tiny_llama3), arch)
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (forward_logits(unscaled, ids) - _hf_logits(tiny_llama3, ids)).abs().max().item() > 100 * LOGIT_TOL
 
 
 def test_export_after_an_update_carries_the_new_weights(tiny_qwen2, tmp_path):
@@ -100,4 +122,11 @@ def test_unsupported_configs_are_refused():
         HFArch.from_config({**base, "model_type": "gpt2"})
     with pytest.raises(NotImplementedError):
         HFArch.from_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    old_layout = HFArch.from_config({**base, "rope_theta": 5e5, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})
+    assert old_layout.rope_theta == 5e5 and old_layout.rope_scaling.original_max_position_embeddings == 4096
     assert HFArch.from_config({**base, "rope_theta": 5e5}).rope_theta == 5e5  # pre-v5 config layout
+    qwen3 = HFArch.from_config({**base, "model_type": "qwen3", "head_dim": 8})
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 8
+    with pytest.raises(NotImplementedError, match="attention_bias"):
+        HFArch.from_config({**base, "model_type": "qwen3", "attention_bias": True})

@@ -2,6 +2,10 @@
 computes DP=1's gradients, and a checkpoint of any of these world sizes resumes at the others,
 Adam moments included.
 
+The model is the tiny tied Qwen3 (QK-norm, decoupled head_dim): the family whose TP step needs
+the most (QK-norm grads summed over the heads' ranks); Qwen2's biases under TP are checked in
+test_tensor_parallel.py.
+
 Tolerance: the two ranks sum their shards' gradients in another order than one rank does, so
 gradients agree to float32 summation noise, not bit for bit: |dp2 - dp1| <= 1e-6 + 1e-4 |dp1|
 (weights after an Adam step: 1e-4 + 1e-4 |w|, as Adam magnifies that noise).
@@ -60,12 +64,12 @@ CFG = dict(lr=1e-2, max_tokens_per_micro_batch=64, threads_per_rank=1, kl_coef=0
 
 
 @pytest.fixture(scope="module")
-def groups(ray_session, tiny_qwen2):
+def groups(ray_session, tiny_qwen3_tied):
     from seer.trainer.group import TrainerGroup
 
-    one = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG))
-    two = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG, data_parallel=2))
-    tp2 = TrainerGroup.start(tiny_qwen2, TrainerConfig(**CFG, tensor_parallel=2))
+    one = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG))
+    two = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG, data_parallel=2))
+    tp2 = TrainerGroup.start(tiny_qwen3_tied, TrainerConfig(**CFG, tensor_parallel=2))
     yield one, two, tp2
     for g in (one, two, tp2):
         g.close()

@@ -59,6 +59,7 @@ def _run_case(arch: HFArch, hf: dict[str, torch.Tensor]) -> dict:
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
     named = list(model.named_parameters())
+    tp_shard.sum_partial_grads(named)  # QK-norm: each rank's grad covers its own heads only
     local = {n: p.detach().clone() for n, p in named}
     grads = tp_shard.gather_state({n: p.grad for n, p in named}, arch)
     norm = float(tp_shard.tp_grad_norm(named))
@@ -78,12 +79,12 @@ def _run_case(arch: HFArch, hf: dict[str, torch.Tensor]) -> dict:
     }
 
 
-CASES = ("qwen2", "llama_tied", "qwen2_vocab63")
+CASES = ("qwen2", "llama_tied", "qwen2_vocab63", "qwen3_tied")
 
 
 def _case_inputs(dirs: dict[str, Path]) -> dict[str, tuple[HFArch, dict[str, torch.Tensor]]]:
     return {"qwen2": _read(dirs["qwen2"]), "llama_tied": _read(dirs["llama_tied"]),
-            "qwen2_vocab63": _read(dirs["qwen2"], vocab=63)}
+            "qwen2_vocab63": _read(dirs["qwen2"], vocab=63), "qwen3_tied": _read(dirs["qwen3_tied"])}
 
 
 def _tp_worker(rank: int, port: int, dirs: dict[str, Path], out_dir: Path) -> None:
@@ -113,11 +114,11 @@ def _spawn_tp(dirs: dict[str, Path], out_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tp_results(tiny_qwen2, tiny_llama_tied, tmp_path_factory) -> tuple[dict, list[dict]]:
+def tp_results(tiny_qwen2, tiny_llama_tied, tiny_qwen3_tied, tmp_path_factory) -> tuple[dict, list[dict]]:
     """(TP=1 results in this process, [TP=2 results of each rank])."""
     from seer.trainer.distributed import init_megatron
 
-    dirs = {"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied}
+    dirs = {"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied, "qwen3_tied": tiny_qwen3_tied}
     tp2 = _spawn_tp(dirs, tmp_path_factory.mktemp("tp2"))
     ref = {}
     for case, (arch, hf) in _case_inputs(dirs).items():
@@ -130,8 +131,8 @@ def tp_results(tiny_qwen2, tiny_llama_tied, tmp_path_factory) -> tuple[dict, lis
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_shard_then_gather_is_identity(case, tiny_qwen2, tiny_llama_tied):
-    arch, hf = _case_inputs({"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied})[case]
+def test_shard_then_gather_is_identity(case, tiny_qwen2, tiny_llama_tied, tiny_qwen3_tied):
+    arch, hf = _case_inputs({"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied, "qwen3_tied": tiny_qwen3_tied})[case]
     full = hf_to_megatron(hf, arch)
     shards = [tp_shard.shard_state(full, arch, r, TP) for r in range(TP)]
     for name, t in full.items():
@@ -197,10 +198,10 @@ def test_layout_errors_are_clear(tiny_qwen2):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_tp2_matches_tp1(case, tp_results, tiny_qwen2, tiny_llama_tied):
+def test_tp2_matches_tp1(case, tp_results, tiny_qwen2, tiny_llama_tied, tiny_qwen3_tied):
     ref, tp2 = tp_results
     ref, ranks = ref[case], [r[case] for r in tp2]
-    arch, hf = _case_inputs({"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied})[case]
+    arch, hf = _case_inputs({"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied, "qwen3_tied": tiny_qwen3_tied})[case]
     full = hf_to_megatron(hf, arch)
     assert ref["logits"].shape[-1] == arch.vocab_size
     for rank, got in enumerate(ranks):
