@@ -73,9 +73,10 @@ def config_kwargs(moe: MoEArch, num_layers: int, *, aux_loss_coef: float = 0.0,
         moe_router_load_balancing_type="aux_loss" if aux_loss_coef > 0 else "none",
         moe_aux_loss_coeff=float(aux_loss_coef),
         moe_grouped_gemm=False,
-        # allgather at EP 1 (no collective); alltoall under expert parallelism (gloo has no
-        # reduce-scatter, which the allgather dispatcher's combine needs: seer.compat.megatron_moe_fixes)
-        moe_token_dispatcher_type="alltoall" if expert_parallel > 1 else "allgather",
+        # allgather: every EP rank sees the EP group's tokens and returns its experts' outputs with a
+        # reduce-scatter (gloo has all_gather_into_tensor and reduce_scatter_tensor). The alltoall
+        # dispatcher sends fewer bytes at scale but creates CUDA streams when built (CPU cannot).
+        moe_token_dispatcher_type="allgather",
         expert_model_parallel_size=expert_parallel,
         expert_tensor_parallel_size=1,
         moe_enable_routing_replay=routing_replay,
@@ -319,13 +320,51 @@ def dummy_micro_batch(like):
                       ).to(like)
 
 
-def equalize_micro_batches(mbs: list, group, device) -> list:
-    """`mbs` padded with ``dummy_micro_batch`` to the most any rank of `group` has (a collective)."""
+def pad_micro_batch(mb, rows: int, width: int, pad_id: int = 0):
+    """`mb` grown to [rows, width] with padding (no real tokens, mask 0), routing with filler ids."""
+    from seer.trainer.batching import MicroBatch
+
+    b, w = mb.input_ids.shape
+    if (b, w) == (rows, width):
+        return mb
+
+    def grow(t, fill, dims):  # pad the leading `dims` dims of t
+        out = t.new_full((rows, width - 1 if dims == "targets" else width, *t.shape[2:]) if dims != "rows" else
+                         (rows, *t.shape[1:]), fill)
+        if dims == "rows":
+            out[:b] = t
+        else:
+            out[:b, : t.shape[1]] = t
+        return out
+
+    routing = None
+    if mb.routing is not None:
+        k = mb.routing.shape[-1]
+        routing = torch.arange(k, dtype=mb.routing.dtype, device=mb.routing.device).expand(
+            rows, width, mb.routing.shape[2], k).clone()
+        routing[:b, :w] = mb.routing
+    input_ids = grow(mb.input_ids, pad_id, "full")
+    return MicroBatch(
+        indices=mb.indices, input_ids=input_ids, targets=input_ids[:, 1:].clone(), mask=grow(mb.mask, 0.0, "targets"),
+        advantages=grow(mb.advantages, 0.0, "rows"), rollout_logprobs=grow(mb.rollout_logprobs, 0.0, "targets"),
+        has_rollout_logprobs=grow(mb.has_rollout_logprobs, False, "rows"), old_logprobs=None,
+        lengths=grow(mb.lengths, 0, "rows") if mb.lengths is not None else None, routing=routing,
+    )
+
+
+def equalize_micro_batches(mbs: list, group, device, pad_id: int = 0) -> list:
+    """Under expert parallelism every rank of an EP group must run as many MoE forwards as its
+    peers, each with as many tokens (the allgather dispatcher gathers equal-sized blocks): `mbs`
+    is padded with ``dummy_micro_batch`` to the group's most micro-batches and each one to the
+    group's largest [rows, width] of that index (two collectives). Padding trains nothing."""
     import torch.distributed as dist
 
     count = torch.tensor([len(mbs)], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-    return list(mbs) + [dummy_micro_batch(device) for _ in range(int(count[0]) - len(mbs))]
+    mbs = list(mbs) + [dummy_micro_batch(device) for _ in range(int(count[0]) - len(mbs))]
+    shapes = torch.tensor([list(mb.input_ids.shape) for mb in mbs], dtype=torch.int64).view(-1, 2)
+    dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
+    return [pad_micro_batch(mb, int(r), int(w), pad_id) for mb, (r, w) in zip(mbs, shapes.tolist())]
 
 
 def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterStats | None):

@@ -227,7 +227,8 @@ class Trainer:
             for mb in make_micro_batches(seqs, self.config.max_tokens_per_micro_batch, self.config.pad_token_id)
         ]
         if self.ep_size > 1:
-            mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device)
+            mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device,
+                                               self.config.pad_token_id)
         return mbs
 
     @torch.no_grad()
