@@ -284,6 +284,15 @@ def ep_local_state(full: Mapping[str, torch.Tensor], num_experts: int, ep_rank: 
     return out
 
 
+def ep_full_names(name: str, num_experts: int, ep_size: int) -> list[str]:
+    """The global names of local parameter `name` on every EP rank (itself when not an expert's)."""
+    m = _EXPERT.match(name)
+    if m is None:
+        return [name]
+    per = num_experts // ep_size
+    return [f"{m[1]}{r * per + int(m[2])}{m[3]}" for r in range(ep_size)]
+
+
 def ep_full_state(local: Mapping[str, torch.Tensor], group) -> dict[str, torch.Tensor]:
     """Inverse of ``ep_local_state`` on every rank of the EP group (a collective: one all_gather per
     expert tensor, in the mapping's order, which is the model's on every rank)."""

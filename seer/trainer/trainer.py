@@ -165,6 +165,13 @@ class Trainer:
             local = moe.ep_full_state(local, parallel_state.get_expert_model_parallel_group())
         return local if self.tp_size == 1 else tp_shard.gather_state(local, self.arch)
 
+    def _full_names(self, name: str) -> list[str]:
+        """The full-state names of a local parameter: itself, or under expert parallelism every EP
+        rank's expert at this local number."""
+        if self.ep_size == 1:
+            return [name]
+        return moe.ep_full_names(name, self.arch.moe.num_experts, self.ep_size)
+
     def _model_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items()
                 if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
@@ -425,9 +432,12 @@ class Trainer:
             local = {self._param_names[i]: st[key] for i, st in opt["state"].items() if key in st}
             for name, full in self._full_state(local).items():
                 moments.setdefault(name, {})[key] = full
+        full_names = self._full_names  # under expert parallelism: every rank's experts by global number
         for i, st in opt["state"].items():
-            moments.setdefault(self._param_names[i], {})["step"] = st["step"]
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "names": [self._param_names[i] for i in g["params"]]}
+            for name in full_names(self._param_names[i]):
+                moments.setdefault(name, {})["step"] = st["step"]
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "names": [n for i in g["params"] for n in full_names(self._param_names[i])]}
                   for g in opt["param_groups"]]
         return {
             "format": CHECKPOINT_FORMAT,
@@ -448,13 +458,19 @@ class Trainer:
             model_state = self._local_state(state["model"])
             index = {n: i for i, n in enumerate(self._param_names)}
             saved = state["optimizer"]
+            if self.ep_size > 1:  # this rank's experts under their local numbers (experts are whole: tp 1)
+                ep_rank, experts = parallel_state.get_expert_model_parallel_rank(), self.arch.moe.num_experts
+                saved = {"state": moe.ep_local_state(saved["state"], experts, ep_rank, self.ep_size),
+                         "param_groups": [{**g, "names": list(moe.ep_local_state(dict.fromkeys(g["names"]), experts,
+                                                                                 ep_rank, self.ep_size))}
+                                          for g in saved["param_groups"]]}
             local_moments = {}
             for key in ("exp_avg", "exp_avg_sq"):
                 full = {n: st[key] for n, st in saved["state"].items() if key in st}
                 unknown = sorted(set(full) - set(index))
                 if unknown:
                     raise KeyError(f"checkpoint does not match the model: optimizer state for unknown {unknown}")
-                for n, t in self._local_state(full).items():
+                for n, t in (full if self.ep_size > 1 else self._local_state(full)).items():
                     local_moments.setdefault(n, {})[key] = t
             opt_state = {
                 "state": {index[n]: {"step": saved["state"][n]["step"], **local_moments.get(n, {})}
