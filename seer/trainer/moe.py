@@ -59,8 +59,8 @@ class MoEArch:
                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), layers=layers)
 
 
-def config_kwargs(moe: MoEArch, num_layers: int, *, aux_loss_coef: float = 0.0,
-                  expert_parallel: int = 1, routing_replay: bool = False) -> dict:
+def config_kwargs(moe: MoEArch, num_layers: int, *, aux_loss_coef: float, expert_parallel: int,
+                  routing_replay: bool) -> dict:
     """TransformerConfig fields of the MoE layers (merged into the dense model's config)."""
     return dict(
         num_moe_experts=moe.num_experts,
