@@ -135,12 +135,14 @@ class Trainer:
     @property
     def gathers_for_writer(self) -> bool:
         """Whether this rank takes part in what the writer exports: rank 0's tensor-parallel group
-        (data-parallel replica 0) gathers the shards; the other replicas hold copies and do nothing."""
-        return self.dp_rank == 0
+        (data-parallel replica 0) gathers the shards; the other replicas hold copies and do nothing.
+        Under expert parallelism the experts are spread over data-parallel ranks: every rank gathers
+        (each in its own EP group)."""
+        return self.dp_rank == 0 or self.ep_size > 1
 
     def join_export(self) -> None:
         """A non-writing rank's part in an export: its shards gathered with the writer's (no files)."""
-        if self.gathers_for_writer and self.tp_size > 1:
+        if self.gathers_for_writer and (self.tp_size > 1 or self.ep_size > 1):
             self.hf_state_dict()
 
     def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
