@@ -38,6 +38,7 @@ COMMANDS = {
     "cluster-compare": ("bench.cluster_compare", "one Ray node vs two simulated nodes, paired (long)"),
     "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
     "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
+    "models-warm-start": ("bench.models_warm_start", "the tiny warm start per model family, with and without offset heads"),
     "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),
 }
 

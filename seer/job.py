@@ -54,6 +54,7 @@ class Job:
                   cfg.logging.progress_interval_s):
             model_dir = resolve_model(cfg.model.path or cfg.model.preset, progress=False)
         if cfg.train.enabled:
+            _check_trainable(Path(model_dir))
             _check_parallel_sizes(cfg, Path(model_dir))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
@@ -253,6 +254,19 @@ def rollout_function(cfg: RunConfig) -> str:
     multi_turn = cfg.task.env is not None or (cfg.task.name == "calculator" and not (cfg.task.dataset or cfg.task.loader))
     chosen = cfg.rollout.function not in (DEFAULT_ROLLOUT, OLD_DEFAULT_ROLLOUT)
     return MULTI_TURN_ROLLOUT if multi_turn and not chosen else cfg.rollout.function
+
+
+def _check_trainable(model_dir: Path) -> None:
+    """Refuse a checkpoint the Megatron trainer cannot reproduce now, not after Ray, the instances
+    and the pool have started: the trainer's own reading of config.json (HFArch) is the one list."""
+    from seer.trainer.hf_mapping import HFArch, supported_summary
+
+    try:
+        HFArch.from_config(json.loads((model_dir / "config.json").read_text()))
+    except (NotImplementedError, KeyError, TypeError, ValueError) as e:
+        what = f"config.json lacks {e}" if isinstance(e, KeyError) else str(e)
+        raise ConfigError(f"the trainer cannot train {model_dir}: {what}. Supported: {supported_summary()} "
+                          f"(docs/models.md); --train off rolls it out without training") from None
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

@@ -103,6 +103,41 @@ def test_a_run_directory_holding_a_run_is_refused_and_left_untouched(tmp_path):
     assert r.returncode == 2 and "exclude each other" in r.stdout
 
 
+def test_a_checkpoint_the_trainer_cannot_train_is_refused_before_anything_starts(tmp_path, tiny_model):
+    """An unsupported family is named, with what is supported, before Ray, instances or the pool."""
+    ckpt = tmp_path / "gemma"
+    ckpt.mkdir()
+    for f in tiny_model.iterdir():
+        (ckpt / f.name).symlink_to(f)
+    config = json.loads((tiny_model / "config.json").read_text())
+    (ckpt / "config.json").unlink()
+    (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "gemma2"}))
+    r = run_cli("--sync", "--set", f"model.path={ckpt}", "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "model_type 'gemma2'" in out and "qwen2, qwen3, llama" in out, out
+    assert not (tmp_path / "run" / "logs").exists()  # no instance, trainer rank or Ray was started
+    assert "Ray" not in out and "instance" not in out.replace("--train off", "")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}, "rope_type 'yarn'"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"model_type": "llama", "mlp_bias": True}, "mlp_bias"),
+    ({"num_attention_heads": None}, "lacks 'num_attention_heads'"),
+])
+def test_the_refusal_names_the_unsupported_key(change, named, tmp_path, tiny_model):
+    from seer.config import ConfigError
+    from seer.job import _check_trainable
+
+    config = {**json.loads((tiny_model / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(ConfigError, match=named):
+        _check_trainable(tmp_path)
+    (tmp_path / "config.json").write_text((tiny_model / "config.json").read_text())
+    _check_trainable(tmp_path)  # the embedded model itself is trainable
+
+
 def test_a_rollout_function_that_does_not_resolve_is_rejected_naming_the_key(tmp_path):
     r = run_cli("--sync", "--set", "rollout.function=seer.no_such_module:rollout",
                 "--run-dir", str(tmp_path / "run"), timeout=120)

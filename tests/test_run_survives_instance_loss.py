@@ -6,7 +6,12 @@ The bounds (tests/failure_record.py's RECORDS, docs/failures.md): killed
 mid-rollout, the instance is dropped within ROLLOUT_DROP of the kill (on the driver's clock, which
 is this machine's monotonic clock); killed during training, the weight update that finds it dead
 stays within SYNC_WITH_DEAD of iteration 0's. With SEER_RECORD=1 the measured times go to
-bench/results/failures/run_instance_loss_<phase>.json."""
+bench/results/failures/run_instance_loss_<phase>.json.
+
+The training-phase run is also the Llama 3 end-to-end test (issue 29): it trains the untrained
+tiny-llama3 preset (Llama 3.1's RoPE scaling) with a length reward, so every update moves the
+policy (lr 1e-2), and the trainer's log-prob mismatch on every trained token shows that vLLM's
+scaled RoPE and the weights pushed into it in place are Megatron's, before and after the loss."""
 
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 ROLLOUT_DROP = bound("run_instance_loss_rollout", "dropped_after_kill")
 SYNC_WITH_DEAD = bound("run_instance_loss_training", "weight_update_with_dead_instance")
+REPO = Path(__file__).resolve().parents[1]
+LENGTH_REWARD = "tests.plugins_for_tests:reward_by_length"
+MISMATCH_MEAN, MISMATCH_MAX = 1e-5, 1e-3  # fp32 on both sides; a stale or mis-built model is far above
 
 
 def _vllm_guards(pid: int) -> list[int]:
@@ -58,12 +66,16 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 128, "kvpool.enabled": "false", "trainer.lr": 1e-4}
+    if phase == "training":  # the Llama 3 end-to-end run (the module's docstring)
+        sets.update({"model.preset": "tiny-llama3", "task.reward": LENGTH_REWARD, "trainer.lr": 1e-2})
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "3", "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
+    # the length reward lives in tests/: importable from the repository root
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     log = tmp_path / "run.log"
     with open(log, "w") as out:
-        job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         try:
             metrics = run_dir / "metrics.jsonl"
             deadline = time.monotonic() + 600
@@ -125,9 +137,15 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                "iteration 1's first chunks")
     else:
         assert "instances_dropped" not in recs[1] or not recs[1]["instances_dropped"]
+        # Llama 3: every rollout served the pushed version, and vLLM computed Megatron's log-probs
+        assert [r["weight_versions"] for r in recs] == [[0], [1], [2]]
+        assert recs[0]["reward_std"] > 0 and recs[0]["grad_norm"] > 0  # the update is not zero
+        for r in recs:
+            assert r["logprob_mismatch_mean"] < MISMATCH_MEAN and r["logprob_mismatch_max"] < MISMATCH_MAX, r
         sync0, sync1 = recs[0]["weight_sync_s"], recs[1]["weight_sync_s"]
         SYNC_WITH_DEAD.check(sync1, base_s=sync0)
         record("run_instance_loss_training",
                {"weight_update_with_dead_instance_s": round(sync1, 2), "weight_update_before_s": round(sync0, 2)},
-               "seer-run --sync, 2 instances; one SIGKILLed once iteration 1's samples are saved (training); the "
+               "seer-run --sync, 2 instances, the untrained tiny-llama3 preset; one SIGKILLed once iteration 1's "
+               "samples are saved (training); the "
                "weight update after it finds the instance dead, drops it and loads the others")

@@ -9,7 +9,17 @@ The schedule is forced: the MoveEveryChunk test policy runs every continuation c
 instance, so every iteration migrates chunks whatever the load (with a placement policy a loaded
 machine could keep every chunk with its prefix, and the pool would serve nothing). docs/failures.md's
 bound (tests/failure_record.py's RECORDS): the job restarts the master within RESTART (the log's
-"in X s"). With SEER_RECORD=1 the measured values go to bench/results/failures/run_kv_master_loss.json."""
+"in X s"). With SEER_RECORD=1 the measured values go to bench/results/failures/run_kv_master_loss.json.
+
+The same run is the Qwen3 end-to-end test (issue 29): the model is the untrained tiny Qwen3 preset
+(QK-norm, head_dim decoupled from hidden / heads), trained by the real Megatron trainer, its
+weights pushed into the running vLLM instances in place each iteration, every rollout checked to
+be served the new version, chunks moving between instances with their prefixes from the pool.
+That vLLM and Megatron compute the same Qwen3 is the log-prob mismatch the trainer measures on
+every trained token. The reward is the response's length, so the untrained model's groups differ
+(it emits EOS at random) and every update moves the policy; trainer.lr is large so that it moves
+it far beyond the mismatch bound (a stale or mis-mapped model would exceed it).
+Sharing one run keeps the suite's budget: a vLLM start is most of either test's time."""
 
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,6 +45,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 RESTART = bound("run_kv_master_loss", "master_restarted_in")
 MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
+REPO = Path(__file__).resolve().parents[1]
+QWEN3, LENGTH_REWARD, LR = "tiny-qwen3", "tests.plugins_for_tests:reward_by_length", 1e-2
+MISMATCH_MEAN, MISMATCH_MAX = 1e-5, 1e-3  # fp32 on both sides (measured ~2e-7 / ~1e-6)
 
 
 def _master_guard(pid: int) -> tuple[int, str] | None:
@@ -55,21 +69,34 @@ def _master_metrics(address: str) -> dict[str, float]:
     return {name: value for name, labels, value in parse_prometheus(text) if not labels}
 
 
-def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_model, tmp_path):
+@dataclass
+class KVLossRun:
+    run_dir: Path
+    log: str
+    after_restart: list[dict[str, float]]  # the restarted master's metrics, sampled until the job ended
+
+
+@pytest.fixture(scope="module")
+def kv_loss_run(tmp_path_factory) -> KVLossRun:
+    """The one run both tests read (the model and reward serve the Qwen3 test; the restart does not
+    depend on them)."""
+    tmp_path = tmp_path_factory.mktemp("kv-master-loss")
     run_dir = tmp_path / "run"
-    sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
+    sets = {"model.preset": QWEN3, "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 256, "scheduler.chunk_size": 64,
-            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": 1e-4,
+            "kvpool.capacity_bytes": 16 * 2**20, "trainer.lr": LR, "task.reward": LENGTH_REWARD,
             # every continuation chunk changes instance: iteration 1 surely migrates, and loads the
             # migrated prefixes from the restarted master
             "scheduler.policy": MOVE}
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "3", "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
+    # the length reward lives in tests/: importable from the repository root
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     log = tmp_path / "run.log"
     after_restart: list[dict[str, float]] = []
     with open(log, "w") as out:
-        job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         try:
             marker = run_dir / "rollouts" / "iter_0000.jsonl"  # iteration 0 rolled out: training starts
             deadline = time.monotonic() + 600
@@ -89,7 +116,11 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
         finally:
             if job.poll() is None:
                 job.kill()
-    text = log.read_text()
+    return KVLossRun(run_dir, log.read_text(), after_restart)
+
+
+def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(kv_loss_run):
+    run_dir, text, after_restart = kv_loss_run.run_dir, kv_loss_run.log, kv_loss_run.after_restart
     restarted = [line for line in text.splitlines() if "the Mooncake master had exited" in line]
     # The master dies around iteration 0's training; the loop notices at its next check: before the
     # weight update, or before a rollout (the kill can land as iteration 1's rollout begins, which
@@ -120,5 +151,33 @@ def test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again(tiny_mod
             "last_iteration_chunks_migrated": it1["chunks_migrated"],
             "last_iteration_migrated_prefix_tokens": it1["migrated_prefix_tokens"],
             "last_iteration_migrated_prefix_tokens_cached": it1["migrated_prefix_tokens_cached"]},
-           "seer-run --sync with the KV pool, 2 instances, MoveEveryChunk; mooncake_master SIGKILLed once "
+           "seer-run --sync with the KV pool, 2 instances, MoveEveryChunk, the untrained tiny-qwen3 preset; "
+           "mooncake_master SIGKILLed once "
            "iteration 0 is rolled out; 3 iterations")
+
+
+def test_qwen3_trains_end_to_end_with_weights_pushed_in_place_and_chunks_moving(kv_loss_run):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from seer.model import ensure_model
+
+    run_dir = kv_loss_run.run_dir
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_versions"] for r in recs] == [[0], [1], [2]]  # every rollout served the pushed version
+    assert all(r["weight_sync_s"] > 0 for r in recs)  # pushed in place after every update
+    assert recs[0]["reward_std"] > 0 and recs[0]["grad_norm"] > 0  # the update is not zero
+    for r in recs:  # vLLM's Qwen3 (on moved chunks with pooled prefixes too) is Megatron's
+        assert r["logprob_mismatch_mean"] < MISMATCH_MEAN and r["logprob_mismatch_max"] < MISMATCH_MAX, r
+        assert r["chunks_migrated"] > 0, r
+    # the updates moved the policy far beyond the bound: stale weights in vLLM would have shown
+    base = ensure_model(QWEN3, progress=False)
+    (pushed,) = sorted((run_dir / "weights").iterdir())
+    assert AutoConfig.from_pretrained(pushed).model_type == "qwen3"
+    ids = torch.randint(4, 260, (2, 64), generator=torch.Generator().manual_seed(0))
+    logps = []
+    for weights in (base, pushed):
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+        with torch.no_grad():
+            logps.append(torch.log_softmax(model(ids).logits, -1))
+    assert (logps[1] - logps[0]).abs().mean() > 100 * MISMATCH_MEAN

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from seer.model.checkpoint import check_hf_checkpoint
-from seer.model.presets import ModelPreset, get_preset
+from seer.model.presets import ArchSpec, ModelPreset, get_preset
 from seer.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB
 from seer.tasks import running_sum
 
@@ -33,10 +33,23 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "seer"
 
 
+def _recipe(preset: ModelPreset) -> dict:
+    """The preset as hashed: ArchSpec's later fields only where they differ from their defaults
+    (presets.py), so adding a field never renames the caches of the presets that leave it unset."""
+    recipe = dataclasses.asdict(preset)
+    for f in dataclasses.fields(ArchSpec):
+        if f.name in _ARCH_FIELDS_ADDED_LATER and recipe["arch"][f.name] == f.default:
+            del recipe["arch"][f.name]
+    return recipe
+
+
+_ARCH_FIELDS_ADDED_LATER = ("family", "head_dim", "llama3_rope", "moe")
+
+
 def recipe_hash(preset: ModelPreset) -> str:
     recipe = {
         "version": RECIPE_VERSION,
-        "preset": dataclasses.asdict(preset),
+        "preset": _recipe(preset),
         "vocab": VOCAB,
         "task": {"prompt": running_sum.PROMPT_TEMPLATE, "format": running_sum.TRACE_FORMAT_VERSION},
     }
@@ -76,10 +89,47 @@ def ensure_model(
     return final
 
 
+def hf_config(a: ArchSpec):
+    """The transformers config of an ArchSpec, by family (the classes ship with transformers:
+    nothing is downloaded)."""
+    import transformers
+
+    rope = {"rope_type": "default", "rope_theta": a.rope_theta}
+    if a.family == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, **dataclasses.asdict(a.llama3_rope)}
+    common = dict(
+        vocab_size=a.vocab_size,
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_heads,
+        num_key_value_heads=a.num_kv_heads,
+        max_position_embeddings=a.max_position_embeddings,
+        rope_parameters=rope,
+        tie_word_embeddings=True,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        dtype="float32",
+    )
+    if a.family == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if a.family == "llama3":
+        return transformers.LlamaConfig(**common, head_dim=a.head_dim or a.hidden_size // a.num_heads)
+    head_dim = a.head_dim or a.hidden_size // a.num_heads
+    if a.family == "qwen3":
+        return transformers.Qwen3Config(**common, head_dim=head_dim)
+    # qwen3_moe: every layer sparse (decoder_sparse_step 1), as the tiny MoE checkpoints measured here
+    return transformers.Qwen3MoeConfig(**common, head_dim=head_dim, num_experts=a.moe.num_experts,
+                                       num_experts_per_tok=a.moe.top_k,
+                                       moe_intermediate_size=a.moe.moe_intermediate_size,
+                                       norm_topk_prob=a.moe.norm_topk_prob)
+
+
 def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bool = True) -> Path:
     """Initialise, warm-start and save `preset` into `out_dir` (an HF checkpoint directory)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from seer.model.offset_heads import init_offset_heads
     from seer.model.tokenizer import build_tokenizer
@@ -88,23 +138,8 @@ def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bo
     t0, cpu0 = time.monotonic(), time.process_time()
     out = Path(out_dir)
     a = preset.arch
-    config = Qwen2Config(
-        vocab_size=a.vocab_size,
-        hidden_size=a.hidden_size,
-        intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.num_layers,
-        num_attention_heads=a.num_heads,
-        num_key_value_heads=a.num_kv_heads,
-        max_position_embeddings=a.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta},
-        tie_word_embeddings=True,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        dtype="float32",
-    )
     torch.manual_seed(preset.init_seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(a)).to(torch.float32)
     if preset.warm_start and preset.warm_start.offset_heads:
         init_offset_heads(model, preset.warm_start.offset_heads)
     tokenizer = build_tokenizer(model_max_length=a.max_position_embeddings)

@@ -16,8 +16,33 @@ LINE = RunningSumConfig().width + 4
 
 
 @dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3.1's RoPE scaling (config rope_type "llama3"), at a tiny model's scale."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 512
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts of a Qwen3-MoE preset (every layer sparse; filled in by the MoE work)."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    moe_intermediate_size: int = 64
+    norm_topk_prob: bool = True  # the top-k weights renormalised to sum 1, as the released Qwen3-MoE models
+
+
+# model families a preset can be built as (seer/model/build.py: HF config per family)
+FAMILIES = ("qwen2", "qwen3", "llama3", "qwen3_moe")
+
+
+@dataclass(frozen=True)
 class ArchSpec:
-    """Qwen2 sizes. head_dim = hidden / heads must be a size vLLM's CPU attention supports (>= 32)."""
+    """Sizes and family. head_dim (hidden / heads unless set) must be a size vLLM's CPU attention
+    supports (>= 32)."""
 
     hidden_size: int
     num_layers: int
@@ -27,6 +52,16 @@ class ArchSpec:
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
     vocab_size: int = 320  # the byte vocabulary (4 special + 256) padded
+    # Fields below were added after the first presets were built: recipe_hash leaves them out
+    # while they hold these defaults, so the caches of the presets above stay valid.
+    family: str = "qwen2"
+    head_dim: int | None = None  # None: hidden / heads (Qwen3 decouples them)
+    llama3_rope: Llama3Rope | None = None  # family "llama3" only
+    moe: MoESpec | None = None  # family "qwen3_moe" only
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown model family {self.family!r}; known: {', '.join(FAMILIES)}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +131,27 @@ PRESETS: dict[str, ModelPreset] = {
         ),
     ),
 }
+
+# The default's task, on the other families: the same sizes (head_dim 32 as vLLM's CPU attention
+# needs), the same warm start. Offset heads work without q/k biases through a constant
+# embedding channel (seer/model/offset_heads.py).
+_SMALL = dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768)
+_TINY = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192)
+PRESETS.update({
+    "qwen3": ModelPreset(name="qwen3", arch=ArchSpec(**_SMALL, family="qwen3"),
+                         warm_start=PRESETS["default"].warm_start),
+    "llama3": ModelPreset(name="llama3", arch=ArchSpec(**_SMALL, family="llama3", rope_theta=500000.0,
+                                                       llama3_rope=Llama3Rope()),
+                          warm_start=PRESETS["default"].warm_start),
+    # Untrained, built in seconds: for tests that need the family's architecture, not its skill.
+    "tiny-qwen3": ModelPreset(name="tiny-qwen3", arch=ArchSpec(**_TINY, family="qwen3"), warm_start=None),
+    "tiny-llama3": ModelPreset(name="tiny-llama3", arch=ArchSpec(**_TINY, family="llama3", rope_theta=500000.0,
+                                                                 llama3_rope=Llama3Rope()), warm_start=None),
+    # Qwen3-MoE: the architecture entry (build.py's hf_config); the trainer's MoE support, and a
+    # warm-started "qwen3-moe", come with the MoE work.
+    "tiny-qwen3-moe": ModelPreset(name="tiny-qwen3-moe", arch=ArchSpec(**_TINY, family="qwen3_moe", moe=MoESpec()),
+                                  warm_start=None),
+})
 
 
 def get_preset(name: str) -> ModelPreset:

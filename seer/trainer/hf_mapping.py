@@ -24,6 +24,17 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
+def _rope_type(rope: dict) -> str:
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def supported_summary() -> str:
+    """What the trainer trains, in one line for error messages (the checks are HFArch.from_config's)."""
+    return (f"model_type {', '.join(SUPPORTED_MODEL_TYPES)}; rope_type {', '.join(SUPPORTED_ROPE_TYPES)}; "
+            "SwiGLU (silu) MLPs; full attention (no sliding window); q/k/v biases as Qwen2 has them, "
+            "no other biases")
+
+
 @dataclass(frozen=True)
 class Llama3RopeScaling:
     """Llama 3.1's RoPE frequency scaling (config ``rope_type: llama3``), as transformers reads it."""
@@ -62,11 +73,14 @@ class HFArch:
             raise NotImplementedError(f"model_type {model_type!r} is not supported (have {SUPPORTED_MODEL_TYPES})")
         if cfg.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act {cfg['hidden_act']!r}: only SwiGLU (silu) MLPs are supported")
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (have {SUPPORTED_ROPE_TYPES})")
-        rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        # transformers v5 writes rope_parameters; older configs rope_scaling (+ a top-level rope_theta)
+        ropes = [r for r in (cfg.get("rope_parameters"), cfg.get("rope_scaling")) if r]
+        for r in ropes:
+            if _rope_type(r) not in SUPPORTED_ROPE_TYPES:
+                raise NotImplementedError(f"rope_type {_rope_type(r)!r} is not supported (have {SUPPORTED_ROPE_TYPES})")
+        rope = next((r for r in ropes if _rope_type(r) != "default"), ropes[0] if ropes else {})
+        rope_type = _rope_type(rope)
+        rope_theta = float(next((r["rope_theta"] for r in ropes if "rope_theta" in r), cfg.get("rope_theta", 10000.0)))
         max_positions = int(cfg.get("max_position_embeddings", 4096))
         rope_scaling = None
         if rope_type == "llama3":
@@ -77,7 +91,9 @@ class HFArch:
                 original_max_position_embeddings=int(rope.get("original_max_position_embeddings") or max_positions),
             )
         if cfg.get("use_sliding_window", False):
-            raise NotImplementedError("sliding-window attention is not supported")
+            raise NotImplementedError("use_sliding_window: sliding-window attention is not supported")
+        if any(t != "full_attention" for t in cfg.get("layer_types") or ()):
+            raise NotImplementedError(f"layer_types {sorted(set(cfg['layer_types']))}: only full_attention is supported")
         if model_type in ("llama", "qwen3", "qwen3_moe") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
             raise NotImplementedError(f"{model_type} attention_bias / mlp_bias are not supported")
         heads = int(cfg["num_attention_heads"])

@@ -56,3 +56,23 @@ def test_cache_dir_comes_from_the_environment(tiny, cache, monkeypatch):
     monkeypatch.setenv("SEER_CACHE_DIR", str(cache))
     assert resolve_model("tiny") == tiny
     assert resolve_model(str(tiny)) == tiny.resolve()
+
+
+@pytest.mark.parametrize("preset, model_type", [("tiny-qwen3", "qwen3"), ("tiny-llama3", "llama"),
+                                                ("tiny-qwen3-moe", "qwen3_moe")])
+def test_untrained_family_presets_build_in_seconds(preset, model_type, cache):
+    """Tests' checkpoints of each family: no download, no warm start, the embedded tokenizer."""
+    t0 = time.monotonic()
+    path = ensure_model(preset, cache_dir=cache, progress=False)
+    assert time.monotonic() - t0 < 60  # seconds on idle cores; generous for a loaded machine
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == model_type and config["head_dim"] == 32
+    assert json.loads((path / BUILD_INFO).read_text())["warm_start"] is None
+    assert AutoTokenizer.from_pretrained(path).eos_token_id == config["eos_token_id"]
+    if model_type == "llama":
+        assert config["rope_parameters"]["rope_type"] == "llama3"
+    if model_type != "qwen3_moe":  # the trainer's families (Qwen3-MoE comes with the MoE work)
+        from seer.trainer.hf_mapping import HFArch
+
+        arch = HFArch.from_dir(path)
+        assert arch.qk_norm == (model_type == "qwen3") and (arch.rope_scaling is not None) == (model_type == "llama")

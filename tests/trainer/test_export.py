@@ -125,7 +125,14 @@ def test_unsupported_configs_are_refused():
     old_layout = HFArch.from_config({**base, "rope_theta": 5e5, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})
     assert old_layout.rope_theta == 5e5 and old_layout.rope_scaling.original_max_position_embeddings == 4096
+    with pytest.raises(NotImplementedError, match="yarn"):  # a legacy key beside v5's is not overlooked
+        HFArch.from_config({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     assert HFArch.from_config({**base, "rope_theta": 5e5}).rope_theta == 5e5  # pre-v5 config layout
+    with pytest.raises(NotImplementedError, match="use_sliding_window"):
+        HFArch.from_config({**base, "model_type": "qwen3", "use_sliding_window": True})
+    with pytest.raises(NotImplementedError, match="layer_types"):
+        HFArch.from_config({**base, "layer_types": ["sliding_attention"]})
     qwen3 = HFArch.from_config({**base, "model_type": "qwen3", "head_dim": 8})
     assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 8
     with pytest.raises(NotImplementedError, match="attention_bias"):
