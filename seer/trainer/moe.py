@@ -316,7 +316,7 @@ def ep_full_state(local: Mapping[str, torch.Tensor], group) -> dict[str, torch.T
     return out
 
 
-def dummy_micro_batch(like):
+def dummy_micro_batch(device):
     """A micro-batch that trains nothing (mask 0, no real tokens): under expert parallelism every
     rank of an EP group must run as many forwards and backwards as its peers, since each MoE
     layer exchanges tokens with them, so a rank with fewer micro-batches runs these."""
@@ -326,38 +326,34 @@ def dummy_micro_batch(like):
     return MicroBatch(indices=[], input_ids=ids, targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
                       advantages=torch.zeros(1, 1), rollout_logprobs=torch.zeros(1, 1),
                       has_rollout_logprobs=torch.zeros(1, dtype=torch.bool), lengths=torch.zeros(1, dtype=torch.long)
-                      ).to(like)
+                      ).to(device)
+
+
+def _grown(t: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
+    """`t` in the top-left corner of a new tensor of `shape` (leading dims) filled with `fill`."""
+    out = t.new_full((*shape, *t.shape[len(shape):]), fill)
+    out[tuple(slice(0, n) for n in t.shape[: len(shape)])] = t
+    return out
 
 
 def pad_micro_batch(mb, rows: int, width: int, pad_id: int = 0):
     """`mb` grown to [rows, width] with padding (no real tokens, mask 0), routing with filler ids."""
     from seer.trainer.batching import MicroBatch
 
-    b, w = mb.input_ids.shape
-    if (b, w) == (rows, width):
+    if tuple(mb.input_ids.shape) == (rows, width):
         return mb
-
-    def grow(t, fill, dims):  # pad the leading `dims` dims of t
-        out = t.new_full((rows, width - 1 if dims == "targets" else width, *t.shape[2:]) if dims != "rows" else
-                         (rows, *t.shape[1:]), fill)
-        if dims == "rows":
-            out[:b] = t
-        else:
-            out[:b, : t.shape[1]] = t
-        return out
-
     routing = None
     if mb.routing is not None:
-        k = mb.routing.shape[-1]
-        routing = torch.arange(k, dtype=mb.routing.dtype, device=mb.routing.device).expand(
-            rows, width, mb.routing.shape[2], k).clone()
-        routing[:b, :w] = mb.routing
-    input_ids = grow(mb.input_ids, pad_id, "full")
+        layers, k = mb.routing.shape[2:]
+        routing = torch.arange(k, dtype=mb.routing.dtype, device=mb.routing.device).expand(rows, width, layers, k).clone()
+        routing[: mb.routing.shape[0], : mb.routing.shape[1]] = mb.routing
+    input_ids = _grown(mb.input_ids, (rows, width), pad_id)
+    per_token = (rows, width - 1)
     return MicroBatch(
-        indices=mb.indices, input_ids=input_ids, targets=input_ids[:, 1:].clone(), mask=grow(mb.mask, 0.0, "targets"),
-        advantages=grow(mb.advantages, 0.0, "rows"), rollout_logprobs=grow(mb.rollout_logprobs, 0.0, "targets"),
-        has_rollout_logprobs=grow(mb.has_rollout_logprobs, False, "rows"), old_logprobs=None,
-        lengths=grow(mb.lengths, 0, "rows") if mb.lengths is not None else None, routing=routing,
+        indices=mb.indices, input_ids=input_ids, targets=input_ids[:, 1:].clone(), mask=_grown(mb.mask, per_token, 0.0),
+        advantages=_grown(mb.advantages, (rows,), 0.0), rollout_logprobs=_grown(mb.rollout_logprobs, per_token, 0.0),
+        has_rollout_logprobs=_grown(mb.has_rollout_logprobs, (rows,), False),
+        lengths=None if mb.lengths is None else _grown(mb.lengths, (rows,), 0), routing=routing,
     )
 
 
