@@ -474,10 +474,12 @@ class Trainer:
                     raise KeyError(f"checkpoint does not match the model: optimizer state for unknown {unknown}")
                 for n, t in (full if self.ep_size > 1 else self._local_state(full)).items():
                     local_moments.setdefault(n, {})[key] = t
+            # torch pairs saved and current params by position within a group: keep the model's order
+            # (a checkpoint saved under expert parallelism lists each local expert's EP copies together)
             opt_state = {
                 "state": {index[n]: {"step": saved["state"][n]["step"], **local_moments.get(n, {})}
                           for n in saved["state"]},
-                "param_groups": [{**{k: v for k, v in g.items() if k != "names"}, "params": [index[n] for n in g["names"]]}
+                "param_groups": [{**{k: v for k, v in g.items() if k != "names"}, "params": sorted(index[n] for n in g["names"])}
                                  for g in saved["param_groups"]],
             }
         result = self.model.load_state_dict(model_state, strict=False)
