@@ -3,7 +3,8 @@ gloo, each holding half the experts and half the batch, tokens exchanged by Mega
 dispatcher) computes expert_parallel 1's gradients, and checkpoints move between the layouts.
 
 Tolerance as tests/trainer/test_parallel_trainer.py: |ep2 - ep1| <= 1e-6 + 1e-4 |ep1| for
-gradients (summation order), 1e-4 + 1e-4 |w| for weights after an Adam step.
+gradients (summation order); weights after an Adam step within 1e-3 + 1e-4 |w| (Adam magnifies the
+noise on rarely used rows; a lost moment would move them by ~lr = 1e-2).
 """
 
 from __future__ import annotations
@@ -107,4 +108,7 @@ def test_checkpoint_moves_between_expert_parallel_layouts(groups, tmp_path):
         nxt = _seqs(3)
         src.apply(lambda t: t.train_sequences(nxt))
         dst.apply(lambda t: t.train_sequences(nxt))
-        _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-4)
+        # Adam divides by sqrt(v): the layouts' summation noise moves a rarely used embedding row by
+        # up to ~2e-4 here (1.65e-4 measured); a step without the restored moments moves weights by
+        # ~lr = 1e-2, far outside this bound
+        _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-3)
