@@ -10,6 +10,8 @@ the library does not need it:
 * ``megatron_cpu_shim``: megatron-core's tensor-parallel RNG tracker and rotary/attention code
   assume CUDA; the shim gives them the CPU generator and device (applied by
   ``seer.trainer.distributed``; it refuses to run where CUDA is available).
+* ``megatron_moe_fixes``: megatron-core's MoE router names TransformerEngine's GEMM without
+  importing it when TE is absent (applied by ``seer.trainer.model`` for MoE models).
 
 They live apart from the code that uses them so that dropping one when the library is fixed is
 deleting a module, not untangling it from Seer's own logic.

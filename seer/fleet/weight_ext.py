@@ -12,6 +12,13 @@ only for layers that received checkpoint tensors. A tied `lm_head` (tie_word_emb
 does -- the loader skips `lm_head.*` and the new values reach it only through the parameter it
 shares with `embed_tokens` -- so it kept computing logits with the OLD embedding matrix. We
 snapshot the packed closures before the reload and re-pack every layer whose closure survived.
+
+MoE experts (vLLM 0.32 CPU, e.g. Qwen3-MoE): the first load prepacks every expert's weights into
+the CPU grouped-GEMM layout (`fused_moe/experts/cpu_moe.py` `process_weights_after_loading`:
+`cpu_prepack_moe_weight`), but on a weight update `UnquantizedFusedMoEMethod._setup_kernel`
+(`unquantized_fused_moe_method.py` ~187-205) only copies the new, unpacked weights into the
+existing storage and skips the experts' prepack, so the kernel read unpacked weights as packed
+ones (garbage, neither the old policy nor the new). We prepack them after the reload.
 """
 
 from __future__ import annotations
@@ -47,6 +54,28 @@ def _repack_stale_cpu_gemms(model, before: dict) -> list[str]:
             f"in-place weight reload left layers with their old packed CPU weights: {stale} "
             "(the checkpoint has no tensors for them?)"
         )
+    return repacked
+
+
+def _repack_cpu_moe_experts(model) -> list[str]:
+    """Redo the CPU experts' prepack that vLLM skips on a weight update; returns the layers' names."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU MoE experts has nothing to repack
+        return []
+    repacked = []
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or experts._use_zentorch:
+            continue
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            # the update copied unpadded weights into padded storage: repacking cannot repair that
+            raise NotImplementedError(f"{name}: in-place reload of CPU MoE experts whose intermediate size "
+                                      f"{config.intermediate_size_per_partition} vLLM pads is not supported")
+        experts.process_weights_after_loading(module)  # pad (a no-op here) and prepack w13 / w2
+        repacked.append(name)
     return repacked
 
 
@@ -86,6 +115,8 @@ class SeerWeightExtension:
         # ... but only for layers that received tensors; re-pack the others (tied lm_head).
         if before:
             _repack_stale_cpu_gemms(model, before)
+        if current_platform.is_cpu():
+            _repack_cpu_moe_experts(model)
         self._seer_weight_version = version_now
         return str(self._seer_weight_version)
 

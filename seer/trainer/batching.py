@@ -50,6 +50,8 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None = None  # filled in by the trainer before the update
     sample_tokens: int = 0  # the rows' own tokens (prompt + response), without padding
     stream: object | None = None  # packing.Stream: the packed/tree tokens the forward computes instead of input_ids
+    lengths: torch.Tensor | None = None  # [B] long: real tokens per row (the rest is padding)
+    routing: torch.Tensor | None = None  # [B, S, moe layers, top_k] expert ids (routing replay), when every row has them
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +100,12 @@ def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> M
         if s.rollout_logprobs is not None and len(s.rollout_logprobs) == r:
             rollout[row, p - 1 : p - 1 + r] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
             has_rollout[row] = True
+    routing = None
+    if seqs and all(s.routing is not None for s in seqs):
+        from seer.trainer.routing import padded_routing  # the same rows and positions as input_ids
+
+        r0 = seqs[0].routing
+        routing = padded_routing([s.routing for s in seqs], [s.length for s in seqs], width, r0.layers, r0.top_k)
     return MicroBatch(
         indices=list(indices),
         input_ids=input_ids,
@@ -107,6 +115,8 @@ def collate(seqs: list[TrainSequence], indices: list[int], pad_id: int = 0) -> M
         rollout_logprobs=rollout,
         has_rollout_logprobs=has_rollout,
         sample_tokens=sum(s.length for s in seqs),
+        lengths=torch.tensor([s.length for s in seqs], dtype=torch.long),
+        routing=routing,
     )
 
 

@@ -56,6 +56,11 @@ class TrainerConfig:
     data_parallel: int = 1  # replicas that split each batch (balanced by tokens) and all-reduce gradients
     tensor_parallel: int = 1  # ranks that split every layer (Megatron's column/row-parallel linears)
     pipeline_parallel: int = 1  # only 1: see docs/trainer.md
+    # MoE models (docs/models.md): experts split over expert_parallel ranks of the same world (as in
+    # Megatron, the expert-parallel ranks are data-parallel ranks of the dense layers).
+    expert_parallel: int = 1  # ranks that split each MoE layer's experts (divides the world size)
+    routing_replay: bool = False  # MoE: route every token to the experts the rollout chose (R3)
+    moe_aux_loss_coef: float = 0.0  # MoE load-balancing loss weight; 0 in RL, as verl and slime default
     cpus_per_rank: float = 0.1  # Ray CPUs a rank's bundle reserves: small, as ranks run while instances idle
     gpus_per_rank: float = 0.0  # Ray GPUs a rank's bundle reserves (1 on a GPU cluster)
     placement_strategy: str = "PACK"  # the ranks' placement group: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
@@ -67,12 +72,18 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.batch_layout not in ("tree", "packed", "padded"):
             raise ValueError(f"trainer.batch_layout must be tree, packed or padded, got {self.batch_layout!r}")
-        for name in ("data_parallel", "tensor_parallel", "pipeline_parallel"):
+        for name in ("data_parallel", "tensor_parallel", "pipeline_parallel", "expert_parallel"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         if self.pipeline_parallel != 1:
             raise ValueError("trainer.pipeline_parallel > 1 is not supported: Seer's GRPO step runs the whole "
                              "model per rank (use tensor_parallel and data_parallel)")
+        if self.world_size % self.expert_parallel:
+            raise ValueError(f"trainer.expert_parallel {self.expert_parallel} must divide the trainer's world size "
+                             f"{self.world_size} (data_parallel x tensor_parallel): expert-parallel ranks are "
+                             "data-parallel ranks of the dense layers")
+        if self.moe_aux_loss_coef < 0:
+            raise ValueError(f"trainer.moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(f"trainer.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD, "
                              f"got {self.placement_strategy!r}")
@@ -93,6 +104,7 @@ class RankPlace:
     init_method: str | None = None  # tcp://host:port of rank 0's store; None: a private file store
     tensor_parallel: int = TrainerConfig.tensor_parallel
     pipeline_parallel: int = TrainerConfig.pipeline_parallel
+    expert_parallel: int = TrainerConfig.expert_parallel
     timeout_s: float = 600.0  # a collective that waits longer fails (a lost rank), it never hangs
 
     @property

@@ -36,6 +36,8 @@ def init_megatron(seed: int = 0, place: RankPlace | None = None) -> None:
     parallel state are reused, and the RNG tracker is re-seeded.
     """
     place = place or RankPlace()
+    if place.world_size % place.expert_parallel:
+        raise ValueError(f"world size {place.world_size} is not a multiple of expert_parallel {place.expert_parallel}")
     if place.world_size % (place.tensor_parallel * place.pipeline_parallel):
         raise ValueError(f"world size {place.world_size} is not a multiple of tensor_parallel "
                          f"{place.tensor_parallel} x pipeline_parallel {place.pipeline_parallel}")
@@ -61,8 +63,11 @@ def init_megatron(seed: int = 0, place: RankPlace | None = None) -> None:
         raise RuntimeError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"not rank {place.rank} of {place.world_size}")
     if not parallel_state.model_parallel_is_initialized():
+        # Experts are never split by tensor parallelism (expert TP 1): whole experts, expert_parallel ways.
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=place.tensor_parallel,
-                                                 pipeline_model_parallel_size=place.pipeline_parallel)
+                                                 pipeline_model_parallel_size=place.pipeline_parallel,
+                                                 expert_model_parallel_size=place.expert_parallel,
+                                                 expert_tensor_parallel_size=1)
     if on_gpu:
         model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     else:

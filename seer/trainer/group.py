@@ -120,7 +120,8 @@ class TrainerGroup:
             threads = _threads(infos, config.threads_per_rank)
             group.infos = [RankInfo(**{**asdict(r), "threads": t}) for r, t in zip(infos, threads)]
             init = group._call(actors[0].rendezvous.remote(), 60.0) if n > 1 else None
-            places = [RankPlace(i, n, init, config.tensor_parallel, config.pipeline_parallel) for i in range(n)]
+            places = [RankPlace(i, n, init, config.tensor_parallel, config.pipeline_parallel, config.expert_parallel)
+                      for i in range(n)]
             group._all(lambda a, i: a.setup.remote(str(hf_path), config, places[i], threads[i]), timeout_s)
         except BaseException:
             group.close()
@@ -203,7 +204,8 @@ class TrainerGroup:
         c = self.config
         where = ", ".join(f"rank {r.rank} on {r.ip} ({r.threads} threads)" for r in self.infos)
         return (f"trainer: {c.world_size} rank(s) (data_parallel {c.data_parallel} x tensor_parallel "
-                f"{c.tensor_parallel}, {c.placement_strategy}): {where}")
+                f"{c.tensor_parallel}{f' x expert_parallel {c.expert_parallel}' if c.expert_parallel > 1 else ''}, "
+                f"{c.placement_strategy}): {where}")
 
     def close(self) -> None:
         for a in self.actors:

@@ -7,6 +7,7 @@ Two things are not a plain rename:
     what Megatron's gated_linear_unit splits in half (silu(first) * second).
 Everything else is a rename (Qwen3's per-head ``q_norm`` / ``k_norm`` are Megatron's
 ``q_layernorm`` / ``k_layernorm``: RMSNorm over head_dim, one weight shared by every head). Both directions are exact inverses (tests round-trip them).
+MoE layers (Qwen3-MoE's router and experts) are mapped by ``seer.trainer.moe``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+from seer.trainer.moe import MoEArch, hf_layer_to_megatron, megatron_layer_to_hf
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
@@ -61,6 +64,7 @@ class HFArch:
     qkv_bias: bool
     qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k before RoPE
     rope_scaling: Llama3RopeScaling | None = None  # None: default RoPE
+    moe: MoEArch | None = None  # the sparse layers of a MoE model (Qwen3-MoE); None: dense
 
     @classmethod
     def from_config(cls, cfg: dict) -> HFArch:
@@ -90,16 +94,17 @@ class HFArch:
             raise NotImplementedError("use_sliding_window: sliding-window attention is not supported")
         if any(t != "full_attention" for t in cfg.get("layer_types") or ()):
             raise NotImplementedError(f"layer_types {sorted(set(cfg['layer_types']))}: only full_attention is supported")
-        if model_type in ("llama", "qwen3") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+        if model_type in ("llama", "qwen3", "qwen3_moe") and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
             raise NotImplementedError(f"{model_type} attention_bias / mlp_bias are not supported")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
         return cls(
             model_type=model_type,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -108,8 +113,9 @@ class HFArch:
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             rope_scaling=rope_scaling,
+            moe=MoEArch.from_config(cfg, layers) if model_type == "qwen3_moe" else None,
         )
 
     @classmethod
@@ -160,6 +166,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torch
             out[m + "self_attention.k_layernorm.weight"] = hf[a + "k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        if arch.moe is not None and i in arch.moe.layers:
+            out.update(hf_layer_to_megatron(hf, h, m, arch.moe))
+            continue
         out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]], 0)
         out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
     out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -185,6 +194,9 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], arch: HFArch) -> dict[str, torc
             out[a + "k_norm.weight"] = meg[m + "self_attention.k_layernorm.weight"]
         out[a + "o_proj.weight"] = meg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = meg[m + "pre_mlp_layernorm.weight"]
+        if arch.moe is not None and i in arch.moe.layers:
+            out.update(megatron_layer_to_hf(meg, h, m, arch.moe))
+            continue
         gate, up = torch.chunk(meg[m + "mlp.linear_fc1.weight"], 2, dim=0)
         out[h + "mlp.gate_proj.weight"] = gate.contiguous()
         out[h + "mlp.up_proj.weight"] = up.contiguous()

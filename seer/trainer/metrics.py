@@ -30,4 +30,6 @@ class TrainMetrics:
                 "logprob_mismatch_mean": self.logprob_mismatch_mean, "logprob_mismatch_max": self.logprob_mismatch_max,
                 # tokens computed / the samples' tokens (docs/trainer.md): < 1 where a prefix tree shares
                 "tree_token_ratio": self.extra.get("tree_token_ratio", float("nan")),
-                **{k: self.extra[k] for k in ("rollout_is_weight_mean",) if k in self.extra}}  # rollout_correction on
+                **{k: self.extra[k] for k in ("rollout_is_weight_mean",) if k in self.extra},  # rollout_correction on
+                # MoE models: expert load and router entropy (seer.trainer.moe.RouterStats)
+                **{k: v for k, v in self.extra.items() if k.startswith("moe_")}}

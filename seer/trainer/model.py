@@ -18,6 +18,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.transformer_config import TransformerConfig
 from safetensors.torch import load_file
 
+from seer.trainer import moe as moe_layers
 from seer.trainer import tp_shard
 from seer.trainer.attention import StreamLayout, current_layout, stream_attention, stream_layout, use_positioned_rope
 from seer.trainer.config import TrainerConfig
@@ -33,8 +34,23 @@ def tensor_parallel_place() -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
 
+def expert_parallel_size() -> int:
+    """Expert-parallel ranks of this process from Megatron's parallel state; 1 before it exists."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_expert_model_parallel_world_size()
+
+
 def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
-                       tensor_parallel: int = TrainerConfig.tensor_parallel) -> TransformerConfig:
+                       tensor_parallel: int = TrainerConfig.tensor_parallel, *,
+                       moe_aux_loss_coef: float = TrainerConfig.moe_aux_loss_coef,
+                       routing_replay: bool = TrainerConfig.routing_replay,
+                       expert_parallel: int = TrainerConfig.expert_parallel) -> TransformerConfig:
+    moe = {} if arch.moe is None else moe_layers.config_kwargs(
+        arch.moe, arch.num_layers, aux_loss_coef=moe_aux_loss_coef, expert_parallel=expert_parallel,
+        routing_replay=routing_replay)
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel,
         num_layers=arch.num_layers,
@@ -65,6 +81,7 @@ def transformer_config(arch: HFArch, params_dtype: torch.dtype = torch.float32,
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        **moe,
     )
 
 
@@ -96,7 +113,9 @@ class CausalSDPAttention(DotProductAttention):
 
 
 def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
-                    padded_vocab_size: int | None = None, parallel_output: bool = False) -> GPTModel:
+                    padded_vocab_size: int | None = None, parallel_output: bool = False,
+                    moe_aux_loss_coef: float = TrainerConfig.moe_aux_loss_coef,
+                    routing_replay: bool = TrainerConfig.routing_replay) -> GPTModel:
     """An uninitialised GPTModel with the HF architecture (call after ``init_megatron``).
 
     Under tensor parallelism (Megatron's parallel state) the vocab is padded to a multiple of tp
@@ -111,8 +130,16 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
         raise ValueError(f"padded_vocab_size {vocab} must be >= vocab {arch.vocab_size} and a multiple of tp {tp_size}")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     spec.submodules.self_attention.submodules.core_attention = CausalSDPAttention
+    ep_size = expert_parallel_size()
+    if arch.moe is not None:
+        from seer.compat.megatron_moe_fixes import apply_moe_fixes
+
+        apply_moe_fixes()
+        moe_layers.check_parallel(arch.moe, tp_size, ep_size)
+        spec = moe_layers.block_spec(spec, arch.moe, arch.num_layers)
     model = GPTModel(
-        config=transformer_config(arch, params_dtype, tp_size),
+        config=transformer_config(arch, params_dtype, tp_size, moe_aux_loss_coef=moe_aux_loss_coef,
+                                  routing_replay=routing_replay, expert_parallel=ep_size),
         transformer_layer_spec=spec,
         vocab_size=vocab,
         max_sequence_length=arch.max_position_embeddings,
@@ -125,6 +152,8 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
         _scale_rope_llama3(model, arch)
     model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
     use_positioned_rope(model)  # packed/tree streams: RoPE at each token's position in its own sequence
+    if arch.moe is not None:
+        moe_layers.after_build(model)
     tp_shard.mark_tp_params(model.named_parameters())
     return model
 
@@ -163,12 +192,18 @@ def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
 def load_hf_weights(model: GPTModel, hf_state: dict[str, torch.Tensor], arch: HFArch) -> None:
     """Copy HF weights into the model; every Megatron parameter must be covered.
 
-    Under tensor parallelism each rank loads its own shard (``tp_shard.shard_state``).
+    Under tensor parallelism each rank loads its own shard (``tp_shard.shard_state``), under expert
+    parallelism its own experts (``moe.ep_local_state``).
     """
     meg = hf_to_megatron(hf_state, arch)
     tp_rank, tp_size = tensor_parallel_place()
     if tp_size > 1:
         meg = tp_shard.shard_state(meg, arch, tp_rank, tp_size)
+    if arch.moe is not None and expert_parallel_size() > 1:
+        from megatron.core import parallel_state
+
+        meg = moe_layers.ep_local_state(meg, arch.moe.num_experts, parallel_state.get_expert_model_parallel_rank(),
+                                        expert_parallel_size())
     result = model.load_state_dict(meg, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing or result.unexpected_keys:
@@ -188,6 +223,10 @@ def megatron_weights_as_hf(model: GPTModel, arch: HFArch, dtype: torch.dtype | N
     }
     if tensor_parallel_place()[1] > 1:
         meg = tp_shard.gather_state(meg, arch)
+    if arch.moe is not None and expert_parallel_size() > 1:
+        from megatron.core import parallel_state
+
+        meg = moe_layers.ep_full_state(meg, parallel_state.get_expert_model_parallel_group())
     hf = megatron_to_hf(meg, arch)
     return {k: v.detach().to("cpu", dtype=dtype or v.dtype).clone() for k, v in hf.items()}
 

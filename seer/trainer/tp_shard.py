@@ -13,6 +13,8 @@ split mirrors what Megatron's layers hold at tp > 1 (tests build a model at tp=2
   * layernorms: replicated. Qwen3's ``q_layernorm`` / ``k_layernorm`` (one head_dim weight shared
     by every head) are replicated too, but each rank's backward sees only its own heads, so their
     grads are partial sums that ``sum_partial_grads`` adds up over the TP group.
+  * MoE routers and experts: replicated over TP (experts are split by expert parallelism instead,
+    with expert tensor parallelism 1: ``seer.trainer.moe``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ _SUFFIX_SPLITS: tuple[tuple[str, Split], ...] = (
     (".mlp.linear_fc1.weight", Split.GATED),
     (".mlp.linear_fc2.weight", Split.ROW),
     ("layernorm.weight", Split.REPLICATED),  # input_, pre_mlp_, final_layernorm
+    (".mlp.router.weight", Split.REPLICATED),
+    (".linear_fc1.weight", Split.REPLICATED),  # MoE experts (.mlp.experts.local_experts.<e>.)
+    (".linear_fc2.weight", Split.REPLICATED),
 )
 
 _SPLIT_DIM = {Split.VOCAB: 0, Split.COLUMN: 0, Split.GATED: 0, Split.ROW: 1}

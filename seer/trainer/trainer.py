@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
-from seer.trainer import losses, packing, tp_shard
+from seer.trainer import losses, moe, packing, tp_shard
 from seer.trainer.algorithms import Algorithms
 from seer.trainer.config import TrainerConfig
 from seer.trainer.metrics import TrainMetrics
@@ -115,14 +115,19 @@ class Trainer:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group() if self.dp_size > 1 else None
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.ep_size = parallel_state.get_expert_model_parallel_world_size()
         self.device = default_device()
         self.dtype = _DTYPES[self.config.params_dtype]
         self.arch = HFArch.from_dir(self.hf_path)
+        if self.arch.moe is None and (self.config.routing_replay or self.ep_size > 1):
+            raise ValueError(f"trainer.routing_replay and expert_parallel need an MoE model, not {self.arch.model_type!r}")
         hf_state = read_hf_state_dict(self.hf_path)
         self.model = self._build(hf_state)
         self.ref_model = None  # the initial weights, frozen (also after a resume)
         if self.config.kl_coef > 0:
             self.ref_model = self._build(hf_state).eval().requires_grad_(False)
+        # expert load and router entropy of the policy's training forwards (MoE models)
+        self.router_stats = moe.RouterStats(self.model, self.arch.moe.num_experts) if self.arch.moe else None
         named = list(self.model.named_parameters())
         decay = [(n, p) for n, p in named if p.ndim >= 2]
         no_decay = [(n, p) for n, p in named if p.ndim < 2]
@@ -146,29 +151,44 @@ class Trainer:
     @property
     def gathers_for_writer(self) -> bool:
         """Whether this rank takes part in what the writer exports: rank 0's tensor-parallel group
-        (data-parallel replica 0) gathers the shards; the other replicas hold copies and do nothing."""
-        return self.dp_rank == 0
+        (data-parallel replica 0) gathers the shards; the other replicas hold copies and do nothing.
+        Under expert parallelism the experts are spread over data-parallel ranks: every rank gathers
+        (each in its own EP group)."""
+        return self.dp_rank == 0 or self.ep_size > 1
 
     def join_export(self) -> None:
         """A non-writing rank's part in an export: its shards gathered with the writer's (no files)."""
-        if self.gathers_for_writer and self.tp_size > 1:
+        if self.gathers_for_writer and (self.tp_size > 1 or self.ep_size > 1):
             self.hf_state_dict()
 
     def _build(self, hf_state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        model = build_gpt_model(self.arch, self.dtype)
+        model = build_gpt_model(self.arch, self.dtype, moe_aux_loss_coef=self.config.moe_aux_loss_coef,
+                                routing_replay=self.config.routing_replay)
         load_hf_weights(model, hf_state, self.arch)  # this rank's shard under tensor parallelism
         return model.to(self.device)
 
     # ---- this rank's share of full tensors (identity at tensor_parallel 1) -----------------
 
     def _local_state(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.ep_size > 1:
+            full = moe.ep_local_state(full, self.arch.moe.num_experts, parallel_state.get_expert_model_parallel_rank(),
+                                      self.ep_size)
         if self.tp_size == 1:
             return full
         return tp_shard.shard_state(full, self.arch, parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
 
     def _full_state(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Full tensors from this rank's shards (a collective over the tensor-parallel group)."""
+        """Full tensors from this rank's shards (a collective over the tensor- and expert-parallel groups)."""
+        if self.ep_size > 1:
+            local = moe.ep_full_state(local, parallel_state.get_expert_model_parallel_group())
         return local if self.tp_size == 1 else tp_shard.gather_state(local, self.arch)
+
+    def _full_names(self, name: str) -> list[str]:
+        """The full-state names of a local parameter: itself, or under expert parallelism every EP
+        rank's expert at this local number."""
+        if self.ep_size == 1:
+            return [name]
+        return moe.ep_full_names(name, self.arch.moe.num_experts, self.ep_size)
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items()
@@ -185,9 +205,9 @@ class Trainer:
     def _shard(self, seqs: list[TrainSequence]) -> list[TrainSequence]:
         """This rank's sequences: balanced by compute with attention counted (tree/packed: the
         trie's new tokens per sequence, so a group's shared prompt stays on one rank), or by tokens."""
-        if self.dp_size == 1 or self.config.batch_layout == "padded":
+        if self.dp_size == 1 or self.batch_layout == "padded":
             return self._my_share(seqs, [s.length for s in seqs])
-        shards = packing.shard_streams(seqs, self.dp_size, self.config.batch_layout == "tree",
+        shards = packing.shard_streams(seqs, self.dp_size, self.batch_layout == "tree",
                                        packing.CostModel.for_arch(self.arch))
         return [seqs[i] for i in shards[self.dp_rank]]
 
@@ -199,18 +219,27 @@ class Trainer:
             tp_shard.sum_partial_grads(self.model.named_parameters())
         if self.dp_size == 1:
             return
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        for _, p in named:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(reduced)
+        # Under expert parallelism a rank's experts are its own: their grads (which the token
+        # exchange already summed over the EP group) are reduced over the expert-data-parallel ranks.
+        expert_group = parallel_state.get_expert_data_parallel_group() if self.ep_size > 1 else self.dp_group
+        for group, want_expert in ((self.dp_group, False), (expert_group, True)):
+            grads = [p.grad for n, p in named if (self.ep_size > 1 and moe.is_expert_param(n)) == want_expert]
+            if not grads or dist.get_world_size(group) == 1:
+                continue
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=group)
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
 
     def _clip_grads(self) -> float:
         """Clip by the global norm: over the whole model, its tensor-parallel shards counted once."""
+        if self.ep_size > 1:
+            return moe.clip_grad_norm_ep(self.model.named_parameters(), self.config.max_grad_norm,
+                                         parallel_state.get_expert_model_parallel_group())
         if self.tp_size == 1:
             return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         return tp_shard.clip_grad_norm_tp(self.model.named_parameters(), self.config.max_grad_norm)
@@ -218,16 +247,32 @@ class Trainer:
     # ---- forward helpers -------------------------------------------------------------------
 
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        return forward_logits(model, mb.input_ids)[:, :-1]
+        if self.arch.moe is None:
+            return forward_logits(model, mb.input_ids)[:, :-1]
+        stats = self.router_stats if model is self.model and model.training else None
+        with moe.forward_scope(model, mb, replay_on=self.config.routing_replay, stats=stats):
+            return forward_logits(model, mb.input_ids)[:, :-1]
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
+        """Every rank calls this once per batch it forwards, even with no sequences (under expert
+        parallelism the ranks of an EP group run equally many micro-batches)."""
         cfg = self.config
-        if cfg.batch_layout == "padded":
+        if self.batch_layout == "padded":
             mbs = make_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.pad_token_id)
         else:
-            mbs = packing.make_stream_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.batch_layout == "tree",
+            mbs = packing.make_stream_micro_batches(seqs, cfg.max_tokens_per_micro_batch, self.batch_layout == "tree",
                                                     cfg.pad_token_id)
-        return [mb.to(self.device) for mb in mbs]
+        mbs = [mb.to(self.device) for mb in mbs]
+        if self.ep_size > 1:
+            mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device,
+                                               cfg.pad_token_id)
+        return mbs
+
+    @property
+    def batch_layout(self) -> str:
+        """trainer.batch_layout, except that an MoE model trains in padded batches: routing replay
+        and the expert-parallel micro-batch equalisation are wired for that layout only (so far)."""
+        return "padded" if self.arch.moe is not None else self.config.batch_layout
 
     def _token_stats(self, model: torch.nn.Module, mb: MicroBatch,
                      entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -299,9 +344,12 @@ class Trainer:
         for k in range(n_mini):
             mini = seqs[k::n_mini]
             mine = self._shard(mini)
-            minis.append((self._micro_batches(mine) if mine else [], float(sum(s.trained_tokens for s in mini)),
+            minis.append((self._micro_batches(mine) if mine or self.ep_size > 1 else [],
+                          float(sum(s.trained_tokens for s in mini)),
                           float(sum(1 for s in mini if s.trained_tokens > 0))))
         totals = _Totals()
+        if self.router_stats is not None:
+            self.router_stats.reset()
 
         # Old log-probs and the mismatch check for later mini-batches must see pre-update weights.
         self.model.eval()
@@ -352,6 +400,16 @@ class Trainer:
             self.optimizer.step()
         if self.dp_size > 1:
             objective = totals.all_reduce(self.dp_group, objective)
+        extra = {"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini,
+                 # tokens the forward computed / the samples' own tokens: < 1 where a tree shares prefixes
+                 "tree_token_ratio": (totals.sums.get("computed_tokens", 0.0)
+                                      / max(1.0, totals.sums.get("sample_tokens", 0.0))),
+                 "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": self.batch_layout,
+                 **({"rollout_is_weight_mean": totals.mean("is_weight")} if self.algorithms.correction else {})}
+        if self.router_stats is not None:
+            if self.dp_size > 1:
+                self.router_stats.all_reduce(self.dp_group)
+            extra.update(self.router_stats.summary())
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
         n_zero = sum(1 for s in seqs if s.advantage == 0.0)
@@ -369,12 +427,7 @@ class Trainer:
             sequences=len(seqs),
             zero_adv_fraction=n_zero / len(seqs),
             time_s=time.perf_counter() - t0,
-            extra={"ratio_mean": totals.mean("ratio"), "mini_batches": n_mini,
-                   # tokens the forward computed / the samples' own tokens: < 1 where a tree shares prefixes
-                   "tree_token_ratio": (totals.sums.get("computed_tokens", 0.0)
-                                        / max(1.0, totals.sums.get("sample_tokens", 0.0))),
-                   "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": cfg.batch_layout,
-                   **({"rollout_is_weight_mean": totals.mean("is_weight")} if self.algorithms.correction else {})},
+            extra=extra,
         )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -392,7 +445,7 @@ class Trainer:
         seqs = [TrainSequence(e.prompt_ids, e.response_ids) for e in examples if e.response_ids]
         n_tokens = float(sum(s.trained_tokens for s in seqs))
         mine = self._shard(seqs)
-        mbs = self._micro_batches(mine) if mine else []
+        mbs = self._micro_batches(mine) if mine or self.ep_size > 1 else []
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -444,9 +497,12 @@ class Trainer:
             local = {self._param_names[i]: st[key] for i, st in opt["state"].items() if key in st}
             for name, full in self._full_state(local).items():
                 moments.setdefault(name, {})[key] = full
+        full_names = self._full_names  # under expert parallelism: every rank's experts by global number
         for i, st in opt["state"].items():
-            moments.setdefault(self._param_names[i], {})["step"] = st["step"]
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "names": [self._param_names[i] for i in g["params"]]}
+            for name in full_names(self._param_names[i]):
+                moments.setdefault(name, {})["step"] = st["step"]
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "names": [n for i in g["params"] for n in full_names(self._param_names[i])]}
                   for g in opt["param_groups"]]
         return {
             "format": CHECKPOINT_FORMAT,
@@ -454,7 +510,7 @@ class Trainer:
             "model": self._full_state(self._model_state()),
             "optimizer": {"state": moments, "param_groups": groups},
             "config": asdict(self.config),
-            "world": {"data_parallel": self.dp_size, "tensor_parallel": self.tp_size},
+            "world": {"data_parallel": self.dp_size, "tensor_parallel": self.tp_size, "expert_parallel": self.ep_size},
             "torch_rng": torch.get_rng_state(),
         }
 
@@ -467,18 +523,26 @@ class Trainer:
             model_state = self._local_state(state["model"])
             index = {n: i for i, n in enumerate(self._param_names)}
             saved = state["optimizer"]
+            if self.ep_size > 1:  # this rank's experts under their local numbers (experts are whole: tp 1)
+                ep_rank, experts = parallel_state.get_expert_model_parallel_rank(), self.arch.moe.num_experts
+                saved = {"state": moe.ep_local_state(saved["state"], experts, ep_rank, self.ep_size),
+                         "param_groups": [{**g, "names": list(moe.ep_local_state(dict.fromkeys(g["names"]), experts,
+                                                                                 ep_rank, self.ep_size))}
+                                          for g in saved["param_groups"]]}
             local_moments = {}
             for key in ("exp_avg", "exp_avg_sq"):
                 full = {n: st[key] for n, st in saved["state"].items() if key in st}
                 unknown = sorted(set(full) - set(index))
                 if unknown:
                     raise KeyError(f"checkpoint does not match the model: optimizer state for unknown {unknown}")
-                for n, t in self._local_state(full).items():
+                for n, t in (full if self.ep_size > 1 else self._local_state(full)).items():
                     local_moments.setdefault(n, {})[key] = t
+            # torch pairs saved and current params by position within a group: keep the model's order
+            # (a checkpoint saved under expert parallelism lists each local expert's EP copies together)
             opt_state = {
                 "state": {index[n]: {"step": saved["state"][n]["step"], **local_moments.get(n, {})}
                           for n in saved["state"]},
-                "param_groups": [{**{k: v for k, v in g.items() if k != "names"}, "params": [index[n] for n in g["names"]]}
+                "param_groups": [{**{k: v for k, v in g.items() if k != "names"}, "params": sorted(index[n] for n in g["names"])}
                                  for g in saved["param_groups"]],
             }
         result = self.model.load_state_dict(model_state, strict=False)

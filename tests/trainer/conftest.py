@@ -73,3 +73,32 @@ def tiny_qwen3_tied(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama3(tmp_path_factory) -> Path:
     return make_tiny_hf(tmp_path_factory.mktemp("tiny_llama3"), "llama3", seed=3)
+
+
+def make_tiny_moe(out_dir: Path, seed: int = 0, norm_topk_prob: bool = True, mlp_only_layers: tuple = (),
+                  hidden: int = 64) -> Path:
+    """A random Qwen3-MoE: 2 layers, 8 experts, top-2 (QK-norm as Qwen3); routers and norms randomised
+    so that every token prefers clearly different experts and a dropped mapping shows."""
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(
+        hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, vocab_size=64,
+        max_position_embeddings=256, initializer_range=0.2, norm_topk_prob=norm_topk_prob,
+        mlp_only_layers=list(mlp_only_layers), tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory) -> Path:
+    return make_tiny_moe(tmp_path_factory.mktemp("tiny_moe"))

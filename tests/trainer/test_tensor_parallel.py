@@ -191,7 +191,7 @@ def test_layout_errors_are_clear(tiny_qwen2):
     with pytest.raises(ValueError, match="num_kv_heads"):
         tp_shard.shard_state(full, arch, 0, 4)
     with pytest.raises(KeyError, match="no tensor-parallel layout"):
-        tp_shard.split_of("decoder.layers.0.mlp.router.weight")
+        tp_shard.split_of("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight")
 
 
 # ---- 2 gloo processes at tp=2 ----------------------------------------------------------------
