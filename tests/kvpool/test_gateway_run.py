@@ -29,6 +29,8 @@ def trainer_sequences(samples: list[dict]) -> list[dict]:
     """What the trainer makes of the recorded samples: its own `sequences_from_batch`."""
     from types import SimpleNamespace
 
+    from seer.trainer.algorithms import Algorithms
+    from seer.trainer.config import TrainerConfig
     from seer.trainer.trainer import Trainer
     from seer.types import Branch, PromptSpec, RolloutBatch, Sample
 
@@ -36,7 +38,8 @@ def trainer_sequences(samples: list[dict]) -> list[dict]:
                                  s["response_ids"], s["logprobs"], "stop", 0.0, 0.0, s["instances"], reward=s["reward"],
                                  loss_mask=s["loss_mask"], branch=Branch(s["session"], tuple(s["path"])))
                           for s in samples], None)
-    seqs = Trainer.sequences_from_batch(SimpleNamespace(config=SimpleNamespace(normalize_adv_std=True)), batch)
+    cfg = TrainerConfig()
+    seqs = Trainer.sequences_from_batch(SimpleNamespace(config=cfg, algorithms=Algorithms.from_config(cfg)), batch)
     return [{"prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,
              "rollout_logprobs": t.rollout_logprobs, "advantage": t.advantage} for t in seqs]
 
