@@ -98,13 +98,19 @@ def build_app(gw: Gateway):
             gw.cancel(s, call)
             raise
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def checked_call(request: Request):
+        """What every generating route checks first: the session's key, the body, the model, the
+        sampling the run fixed, and the call's own limits."""
         s = gw.session_of(request.headers.get("authorization"))
         body = await read_json(request)
         check_model(body)
         gw.check_sampling(body)
         max_tokens, stop = gw.call_limits(body)
+        return s, body, max_tokens, stop
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        s, body, max_tokens, stop = await checked_call(request)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
@@ -137,11 +143,7 @@ def build_app(gw: Gateway):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        s = gw.session_of(request.headers.get("authorization"))
-        body = await read_json(request)
-        check_model(body)
-        gw.check_sampling(body)
-        max_tokens, stop = gw.call_limits(body)
+        s, body, max_tokens, stop = await checked_call(request)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
