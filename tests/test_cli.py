@@ -115,7 +115,7 @@ def test_a_checkpoint_the_trainer_cannot_train_is_refused_before_anything_starts
     r = run_cli("--sync", "--set", f"model.path={ckpt}", "--run-dir", str(tmp_path / "run"), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     out = " ".join(r.stdout.split())
-    assert "model_type 'gemma2'" in out and "qwen2, qwen3, llama" in out, out
+    assert "model_type 'gemma2'" in out and "qwen2, qwen3, qwen3_moe, llama" in out, out
     assert not (tmp_path / "run" / "logs").exists()  # no instance, trainer rank or Ray was started
     assert "Ray" not in out and "instance" not in out.replace("--train off", "")
 
