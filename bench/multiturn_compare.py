@@ -337,11 +337,12 @@ async def run_april(clients, cfg: MTConfig, s: MTSettings, trajs: dict, prompts:
         complete: list[int] = []
 
         def stop_when(samples, _running=running, _done=done_keys, _members=members, _complete=complete) -> bool:
-            x = samples[-1]
-            key = (_running[x.group_id].traj.group, _running[x.group_id].traj.sample)
-            _done.add(key)
-            if _members[key[0]] <= _done and key[0] not in _complete:
-                _complete.append(key[0])
+            # The driver may ask again with no new sample (after any wake-up), so read them all.
+            for x in samples:
+                key = (_running[x.group_id].traj.group, _running[x.group_id].traj.sample)
+                _done.add(key)
+                if _members[key[0]] <= _done and key[0] not in _complete:
+                    _complete.append(key[0])
             return len(_complete) >= s.groups
 
         result, usage = await one_iteration(clients, cfg, s, issued, 1, prefix, kv_bytes, homes=homes,

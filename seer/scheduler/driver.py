@@ -144,7 +144,8 @@ class RolloutDriver:
         the first that finish), dynamic sampling (issue more groups than the batch needs, stop once
         enough groups have rewards that differ). Called with the samples finished so far after each
         one finishes and after every wake-up of the loop (a chunk done, or the telemetry interval:
-        rewards land between samples); once it returns True the rollout ends there, chunks in flight are aborted and
+        rewards land between samples), so also with no new sample or none yet: it reads the whole
+        list, not its last entry. Once it returns True the rollout ends there, chunks in flight are aborted and
         environment calls cancelled, and the requests left are returned in `RolloutResult.unfinished`.
         The single-turn rollout passes one under rollout.dynamic_sampling (seer.rollout.dynamic); a
         custom rollout function may (seer.rollout.base).
