@@ -20,6 +20,10 @@ from seer.types import GenerateRequest, GenerateResult, Routing, SamplingParams
 
 
 KEEPALIVE_S = 2.0  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s)
+# A /health probe's first wait; a server that has not answered by then is asked again for
+# HEALTH_RECHECK_S before the fleet drops it (a process that is gone refuses at once).
+HEALTH_TIMEOUT_S = 5.0
+HEALTH_RECHECK_S = 30.0
 
 
 class InstanceError(RuntimeError):
@@ -238,9 +242,10 @@ class InstanceClient:
     async def telemetry(self) -> Telemetry:
         return telemetry_from_metrics(self.name, await self.metrics_text())
 
-    async def healthy(self) -> bool:
+    async def healthy(self, timeout_s: float | None = None) -> bool:
+        wait = aiohttp.ClientTimeout(total=timeout_s or HEALTH_TIMEOUT_S)
         try:
-            async with (await self._http()).get(f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            async with (await self._http()).get(f"{self.base_url}/health", timeout=wait) as r:
                 return r.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seer.dgds.server.config import DGDSConfig
-from seer.fleet.client import InstanceClient
+from seer.fleet.client import HEALTH_RECHECK_S, InstanceClient
 from seer.fleet.config import ClusterConfig, InstancesConfig
 from seer.fleet.instance import InstanceSpec
 from seer.fleet.pool import InstancePool
@@ -216,9 +216,15 @@ class Fleet:
                     f"{', '.join(self.pool.names)}")
 
     async def drop_unhealthy(self, when: str) -> list[str]:
-        """Drop every instance that does not answer /health; returns their names."""
+        """Drop every instance that does not answer /health; returns their names. One that did not
+        answer in time is asked once more with a longer wait: on a loaded machine a live server's
+        /health can take seconds, and dropping it would lose an instance (or the run) for nothing."""
         clients = self.backends
-        ok = await asyncio.gather(*(c.healthy() for c in clients))
+        ok = list(await asyncio.gather(*(c.healthy() for c in clients)))
+        slow = [i for i, alive in enumerate(ok) if not alive]
+        again = await asyncio.gather(*(clients[i].healthy(HEALTH_RECHECK_S) for i in slow))
+        for i, alive in zip(slow, again):
+            ok[i] = alive
         dead = [c.name for c, alive in zip(clients, ok) if not alive]
         if dead and len(dead) == len(clients):
             raise FleetError(f"every instance is down ({when}): {', '.join(dead)}")
