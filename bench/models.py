@@ -195,7 +195,8 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fams = doc["families"]
-    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.4), squeeze=False)
+    # one reward scale for every family, so a family that stays near 0 looks it
+    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.4), squeeze=False, sharey=True)
     for ax, r in zip(axes[0], fams):
         for arm, style in (("trained", "-o"), ("control", "--s")):
             a = r.get(arm)
@@ -204,7 +205,7 @@ def plot(doc: dict, path: Path) -> None:
                 ax.plot(a["summary"]["iterations"], a["summary"]["reward"], style, label=label)
         ax.set_title(f"{r['family']} ({r['preset']})", fontsize=10)
         ax.set_xlabel("iteration")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("reward (mean)")
@@ -293,7 +294,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds one seer-run may take before it is stopped")
     p.add_argument("--runs", type=Path, default=Path("/tmp/seer-bench-models"), help="where the runs' directories go")
     p.add_argument("--out", type=Path, default=OUT, help="folder for models.json, models.md, rewards.png and logs/")
+    p.add_argument("--replot", action="store_true",
+                   help="run nothing: rewrite models.md and rewards.png from the recorded models.json in --out")
     args = p.parse_args(argv)
+    if args.replot:
+        doc = json.loads((args.out / "models.json").read_text())
+        plot(doc, args.out / "rewards.png")
+        (args.out / "models.md").write_text(markdown(doc))
+        print(markdown(doc))
+        return
     fams = [FAMILIES[f] for f in args.families.split(",")]
     from bench.harness.provenance import code_version
 
