@@ -467,3 +467,37 @@ def test_agents_doc_gateway_table_matches_the_recording():
                     assert cell == "-", f"agents.md {name} {col}: {cell!r}, recorded none"
                 else:
                     agrees(cell, values, f"agents.md {name} {col}")
+
+
+# ---------------------------------------------------------------- bench.models (families end to end)
+
+FLOAT = re.compile(r"[-+]?\d+\.\d+(?:e[-+]\d+)?")  # signed, maybe scientific: "+0.125", "3.50e-07"
+
+
+def close_as_shown(cell: str, expected: list[float | None], what: str) -> None:
+    """Each number of `cell` (signs and exponents kept) equals the recorded one at the digits shown;
+    a recorded None shows as '-'."""
+    got = FLOAT.findall(cell)
+    want = [e for e in expected if e is not None]
+    assert len(got) == len(want), f"{what}: {cell!r} shows {len(got)} numbers, the record has {len(want)}"
+    for s, e in zip(got, want):
+        mant, _, exp = s.partition("e")
+        step = 10 ** (-len(mant.split(".")[1]) + (int(exp) if exp else 0))
+        assert abs(float(s) - e) <= 0.5 * step + 1e-15, f"{what}: {cell!r} shows {s}, the recorded file has {e!r}"
+
+
+def test_models_doc_families_table_matches_the_recording():
+    """docs/models.md's per-family measurements show models/families/models.json's numbers."""
+    header, rows = table_after(ROOT / "docs" / "models.md", "## Measured", "family | preset")
+    rec = {r["family"]: r for r in load("models/families/models.json")["families"]}
+    assert {label(r[0]) for r in rows} == set(rec)
+    for row in rows:
+        r, f = dict(zip(header, row)), rec[label(row[0])]
+        what = f"docs/models.md {label(row[0])}"
+        assert r["preset"].strip("`") == f["preset"], what
+        close_as_shown(r["iteration 0 mismatch mean / max"], [f.get("mismatch_mean_iter0"), f.get("mismatch_max_iter0")], what)
+        close_as_shown(r["every iteration mismatch mean / max"], [f.get("mismatch_mean_all"), f.get("mismatch_max_all")], what)
+        close_as_shown(r["train step s"], [f.get("train_s_mean")], what)
+        for col, arm in (("reward per iteration, trained", "trained"), ("reward per iteration, lr=0", "control")):
+            a = f.get(arm)
+            close_as_shown(r[col], a["summary"]["reward"] if a and a["summary"] else [], f"{what} {col}")
