@@ -18,13 +18,18 @@ layout, each from the same weights and optimizer state, on the same batch, per w
 
 Token ids are random (vocab 320): the workloads are synthetic in content, realistic in shape.
 Per layout: the tokens the forward computed (padded: rows x longest per micro-batch), the step
-time (TrainMetrics.time_s, one timed step after one untimed warm-up step on a small batch), the
-samples' tokens per second per core, and the gradients' max difference from the padded step
-(both mini-batches, before clipping) against the parallel-trainer tests' bound 1e-6 + 1e-4 |g|.
+time (TrainMetrics.time_s, the median of `--rounds` steps, after one untimed warm-up step on a
+small batch; the layouts alternate within each round, in a rotated order each round, so load from
+elsewhere on the machine falls on all of them alike), the samples' tokens per second per core,
+and the gradients' max difference from the padded step (before clipping) against the
+parallel-trainer tests' bound 1e-6 + 1e-4 |g|: mini-batch 0 (same weights: the exactness
+measure) and the max over both mini-batches (mini-batch 1 follows an Adam step, which magnifies
+float noise of near-zero gradients, as the parallel-trainer tests allow for with atol 1e-4).
 
 Before the steps, the attention paths alone (fwd+bwd of one layer's core attention, the default
 model's 8 heads / 2 KV heads of 32, median of 3): packed, 8 sequences of 300 tokens as one SDPA
-call per sequence vs one call with a dense block-diagonal mask vs flex_attention; tree, workload
+call per sequence vs one batched call over the 8 (what bucketing equal lengths would run) vs one
+call with a dense block-diagonal mask vs flex_attention; tree, workload
 (b)'s shape (a 2,048-token prefix and 16 branches of 288), one call per trie node (the prefix
 causal, each branch on the prefix's K/V plus its own) vs one call with a dense tree mask vs the
 flat computation (16 causal calls of 2,336).
@@ -39,6 +44,7 @@ import copy
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -160,6 +166,10 @@ def attention_paths() -> dict:
     seg = torch.arange(total) // length
     dense = (seg[:, None] == seg[None, :]) & torch.ones(total, total, dtype=torch.bool).tril()
     out["packed_per_sequence_sdpa_s"] = _median_s(fwd_bwd(lambda: stream_attention(q, k, v, packed, None)))
+    # equal lengths: bucketing sequences into one batched call pads nothing, its best case
+    qb, kb, vb = (t.view(t.size(1), n, length, dim).transpose(0, 1) for t in (q, k, v))
+    out["packed_one_batched_call_s"] = _median_s(fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True)))
     out["packed_dense_block_diagonal_s"] = _median_s(fwd_bwd(
         lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)))
     try:
@@ -205,29 +215,35 @@ def run(args) -> dict:
     print(f"attention: {attention}", file=sys.stderr, flush=True)
     model = str(resolve_model("default", progress=False))
     trainer = Trainer(model, TrainerConfig(lr=2e-4, mini_batches=2, max_tokens_per_micro_batch=8192))
+    split = trainer.config.mini_batch_split
     trainer.train_sequences(multi_turn_batch(9)[:32])  # warm-up: allocator, kernels
     start = copy.deepcopy(trainer.state_dict())
-    result = {"threads": args.threads, "model": "embedded default (hidden 256, 4 layers, vocab 320, fp32)",
-              "config": {"lr": 2e-4, "mini_batches": 2, "max_tokens_per_micro_batch": 8192}, "attention": attention,
+    result = {"threads": args.threads, "rounds": args.rounds, "model": "embedded default (hidden 256, 4 layers, vocab 320, fp32)",
+              "config": {"lr": 2e-4, "mini_batches": 2, "max_tokens_per_micro_batch": 8192,
+                                                 "mini_batch_split": split}, "attention": attention,
               "workloads": {}}
     for name in args.workloads:
         seqs = WORKLOADS[name]()
         flat = sum(s.length for s in seqs)
-        rows, grads = {}, {}
+        rows, grads, times = {}, {}, {layout: [] for layout in LAYOUTS}
+        for rnd in range(args.rounds):
+            for layout in LAYOUTS[rnd % len(LAYOUTS):] + LAYOUTS[:rnd % len(LAYOUTS)]:  # rotated each round
+                trainer.load_state_dict(copy.deepcopy(start))
+                trainer.config.batch_layout = layout
+                trainer.captured_grads = []
+                m = trainer.train_sequences(seqs)
+                captured, trainer.captured_grads = trainer.captured_grads, None
+                times[layout].append(m.time_s)
+                grads.setdefault(layout, captured)  # the same every round: the first is kept
+                rows[layout] = {"computed_tokens": m.extra["computed_tokens"], "loss": m.loss,
+                                "tree_token_ratio": m.extra["tree_token_ratio"]}
+                print(f"{name} round {rnd} {layout}: {m.time_s:.2f} s, {rows[layout]}", file=sys.stderr, flush=True)
         for layout in LAYOUTS:
-            trainer.load_state_dict(copy.deepcopy(start))
-            trainer.config.batch_layout = layout
-            trainer.captured_grads = []
-            t0 = time.perf_counter()
-            m = trainer.train_sequences(seqs)
-            wall = time.perf_counter() - t0
-            grads[layout], trainer.captured_grads = trainer.captured_grads, None
-            rows[layout] = {"computed_tokens": m.extra["computed_tokens"], "step_s": m.time_s, "wall_s": wall,
-                            "tokens_per_s_per_core": flat / m.time_s / args.threads, "loss": m.loss,
-                            "tree_token_ratio": m.extra["tree_token_ratio"]}
-            print(f"{name} {layout}: {rows[layout]}", file=sys.stderr, flush=True)
-        for layout in LAYOUTS:
-            rows[layout]["grad_diff"] = grad_diff(grads[layout], grads["padded"])
+            step = statistics.median(times[layout])
+            rows[layout].update(step_s=step, step_s_rounds=times[layout],
+                                tokens_per_s_per_core=flat / step / args.threads,
+                                grad_diff=grad_diff(grads[layout], grads["padded"]),
+                                grad_diff_mini_batch_0=grad_diff(grads[layout][:1], grads["padded"][:1]))
         pad = rows["padded"]
         result["workloads"][name] = {
             "sequences": len(seqs), "sample_tokens": flat,
@@ -240,26 +256,35 @@ def run(args) -> dict:
 
 def markdown(r: dict, command: str) -> str:
     lines = [f"# Padded vs packed vs prefix-tree micro-batches", "",
-             f"`{command}` at {r['version']}, {r['date']}; {r['model']}, one GRPO step per layout from the same "
-             f"weights (lr 2e-4, 2 mini-batches, micro-batches of at most 8192 tokens), {r['threads']} torch "
-             "thread(s), the machine's other work paused by /work/heavy's lock (other sessions' light processes "
-             "still ran). Gradient difference: max over both mini-batches' tensors of |g - g_padded|, and of "
-             "|g - g_padded| / (1e-6 + 1e-4 |g_padded|) (<= 1 is within the parallel-trainer tests' bound).", "",
-             "| workload | layout | tokens computed | x fewer than padded | step s | x faster than padded | "
-             "tokens/s per core | grad max abs diff | diff / bound | diff / largest grad |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"`{command}` at {r['version']}, {r['date']}; {r['model']}, GRPO steps from the same weights "
+             f"(lr 2e-4, 2 mini-batches split by `{r['config']['mini_batch_split']}`, micro-batches of at most "
+             f"8192 tokens), {r['threads']} torch thread(s), {r['rounds']} rounds per workload, each round one "
+             "step per layout in a rotated order; step s is the median of the rounds. The machine's other work "
+             "was paused by /work/heavy's lock (other sessions' light processes still ran). Gradient difference: "
+             "max over the tensors of |g - g_padded| / (1e-6 + 1e-4 |g_padded|) (<= 1 is within the "
+             "parallel-trainer tests' bound), for mini-batch 0 (same weights) and over both mini-batches "
+             "(mini-batch 1 follows an Adam step); and max |g - g_padded| over both, absolute and over the "
+             "largest |g_padded|.", "",
+             "| workload | layout | tokens computed | x fewer than padded | step s (median) | step s per round | "
+             "x faster than padded | tokens/s per core | diff / bound, mini-batch 0 | diff / bound, both | "
+             "grad max abs diff | diff / largest grad |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, w in r["workloads"].items():
         for layout, row in w["layouts"].items():
+            rounds = " / ".join(f"{t:.2f}" for t in row["step_s_rounds"])
             lines.append(f"| {name} | {layout} | {row['computed_tokens']} | {w['tokens_fewer_than_padded'][layout]:.2f} | "
-                         f"{row['step_s']:.2f} | {w['speedup_vs_padded'][layout]:.2f} | "
-                         f"{row['tokens_per_s_per_core']:.0f} | {row['grad_diff']['max_abs']:.2g} | "
-                         f"{row['grad_diff']['max_over_bound']:.3f} | {row['grad_diff']['max_rel_to_largest']:.1e} |")
+                         f"{row['step_s']:.2f} | {rounds} | {w['speedup_vs_padded'][layout]:.2f} | "
+                         f"{row['tokens_per_s_per_core']:.0f} | {row['grad_diff_mini_batch_0']['max_over_bound']:.3f} | "
+                         f"{row['grad_diff']['max_over_bound']:.3f} | {row['grad_diff']['max_abs']:.2g} | "
+                         f"{row['grad_diff']['max_rel_to_largest']:.1e} |")
     a = r["attention"]
     flex = f"{a['packed_flex_attention_s']:.3f} s" if a["packed_flex_attention_s"] is not None else \
         f"not possible ({a.get('packed_flex_attention_error', '')})"
     lines += ["", "Attention alone (one layer's core attention, fwd+bwd, median of 3):", "",
               "| path | s |", "|---|---|",
               f"| packed 8x300: one SDPA call per sequence | {a['packed_per_sequence_sdpa_s']:.3f} |",
+              f"| packed 8x300: one batched call (bucketed equal lengths, no padding) | "
+              f"{a['packed_one_batched_call_s']:.3f} |",
               f"| packed 8x300: dense block-diagonal mask | {a['packed_dense_block_diagonal_s']:.3f} |",
               f"| tree 2048 + 16x288: one SDPA call per trie node | {a['tree_per_node_sdpa_s']:.3f} |",
               f"| tree 2048 + 16x288: dense tree mask | {a['tree_dense_mask_s']:.3f} |",
@@ -273,6 +298,8 @@ def markdown(r: dict, command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tokens/s is divided by these)")
+    ap.add_argument("--rounds", type=int, default=3, help="steps per layout and workload, alternating layouts; "
+                    "the median is reported")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ",".join(WORKLOADS))
     ap.add_argument("--out", type=Path, default=OUT, help="folder for trainer_tree.json and trainer_tree.md")
     args = ap.parse_args(argv)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 AggMode = Literal["token-mean", "seq-mean-token-mean"]
 KLEstimator = Literal["k1", "k3"]
 BatchLayout = Literal["tree", "packed", "padded"]
+MiniBatchSplit = Literal["groups", "strided"]
 
 
 @dataclass
@@ -43,6 +44,11 @@ class TrainerConfig:
     kl_estimator: KLEstimator = "k3"  # KL penalty estimator (with kl_coef > 0)
     entropy_coef: float = 0.0  # entropy is always logged; this only adds a bonus
     mini_batches: int = 1  # optimizer steps per train_step
+    # How a batch is cut into mini_batches (docs/trainer.md "Mini-batches"): groups keeps the samples
+    # that share a prefix (a group's G samples) in one mini-batch, mini-batches balanced by tokens, as
+    # verl does without shuffling, so a tree computes each prompt once per step; strided takes every
+    # m-th sample (Seer before, each group spread over all m mini-batches).
+    mini_batch_split: MiniBatchSplit = "groups"
     # How a micro-batch is computed (docs/trainer.md "Packed and tree batches"): tree merges shared
     # prefixes (a group's prompt, earlier turns) so each is computed once; packed lays sequences end
     # to end without padding; padded is the old right-padded layout. All three give the same gradients.
@@ -72,6 +78,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.batch_layout not in ("tree", "packed", "padded"):
             raise ValueError(f"trainer.batch_layout must be tree, packed or padded, got {self.batch_layout!r}")
+        if self.mini_batch_split not in ("groups", "strided"):
+            raise ValueError(f"trainer.mini_batch_split must be groups or strided, got {self.mini_batch_split!r}")
         for name in ("data_parallel", "tensor_parallel", "pipeline_parallel", "expert_parallel"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")

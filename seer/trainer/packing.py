@@ -164,6 +164,33 @@ def new_tokens_in_order(seqs: list[TrainSequence], order: list[int]) -> list[tup
     return out
 
 
+def split_mini_batches(seqs: list[TrainSequence], parts: int) -> list[list[int]]:
+    """``parts`` mini-batches of sequence indices, each a contiguous run of the prefix-sorted order
+    (so a group's samples, which share their prompt, stay together), balanced by tokens.
+
+    Each cut goes where the two sides share the fewest tokens (between groups: a cut inside a group
+    would compute its prompt in both mini-batches) among the boundaries whose running token count is
+    within a quarter of a mini-batch of the even split, nearest that split among equals."""
+    if parts <= 1 or len(seqs) <= 1:
+        return [list(range(len(seqs)))]
+    parts = min(parts, len(seqs))
+    order = tree_order(seqs)
+    shared = [s for s, _ in new_tokens_in_order(seqs, order)]
+    cum = [0]
+    for i in order:
+        cum.append(cum[-1] + seqs[i].length)
+    total, cuts = cum[-1], [0]
+    for k in range(1, parts):
+        target, slack = total * k / parts, total / parts / 4
+        lo, hi = cuts[-1] + 1, len(order) - (parts - k)  # leave at least one sequence per mini-batch
+        window = [j for j in range(lo, hi + 1) if abs(cum[j] - target) <= slack]
+        if not window:
+            window = [min(range(lo, hi + 1), key=lambda j: (abs(cum[j] - target), j))]
+        cuts.append(min(window, key=lambda j: (shared[j], abs(cum[j] - target), j)))
+    cuts.append(len(order))
+    return [sorted(order[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
 def plan_stream_micro_batches(seqs: list[TrainSequence], max_tokens: int, share: bool) -> list[list[int]]:
     """Groups of sequence indices whose stream (trie tokens, or real tokens when packed) stays within
     max_tokens; a sequence longer than that gets a micro-batch of its own."""

@@ -202,6 +202,13 @@ class Trainer:
             return list(items)
         return [items[i] for i in shard_by_tokens(lengths, self.dp_size)[self.dp_rank]]
 
+    def _mini_batches(self, seqs: list[TrainSequence], n_mini: int) -> list[list[TrainSequence]]:
+        """trainer.mini_batch_split: whole groups per mini-batch (by shared prefix, balanced by
+        tokens), or every n-th sequence. The same split under every batch_layout: layouts stay equal."""
+        if self.config.mini_batch_split == "strided":
+            return [seqs[k::n_mini] for k in range(n_mini)]
+        return [[seqs[i] for i in part] for part in packing.split_mini_batches(seqs, n_mini)]
+
     def _shard(self, seqs: list[TrainSequence]) -> list[TrainSequence]:
         """This rank's sequences: balanced by compute with attention counted (tree/packed: the
         trie's new tokens per sequence, so a group's shared prompt stays on one rank), or by tokens."""
@@ -341,8 +348,7 @@ class Trainer:
             raise ValueError("old_logprobs='rollout' needs one rollout logprob per response token")
         n_mini = max(1, min(cfg.mini_batches, len(seqs)))
         minis = []  # (this rank's micro-batches, the mini-batch's global token and sequence counts)
-        for k in range(n_mini):
-            mini = seqs[k::n_mini]
+        for mini in self._mini_batches(seqs, n_mini):
             mine = self._shard(mini)
             minis.append((self._micro_batches(mine) if mine or self.ep_size > 1 else [],
                           float(sum(s.trained_tokens for s in mini)),

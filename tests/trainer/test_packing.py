@@ -17,7 +17,7 @@ import torch
 from seer.trainer.batching import TrainSequence, make_micro_batches
 from seer.trainer.config import TrainerConfig
 from seer.trainer.packing import (CostModel, build_stream, make_stream_micro_batches, plan_stream_micro_batches,
-                                  shard_streams)
+                                  shard_streams, split_mini_batches)
 from seer.types import Routing
 
 ATOL, RTOL = 1e-6, 1e-4
@@ -104,6 +104,20 @@ def test_dp_shards_balance_compute_and_keep_groups_together():
     assert max(loads) - min(loads) <= max(cost.cost(s.length, 0) for s in seqs)
 
 
+def test_mini_batches_keep_groups_whole_and_balance_tokens():
+    seqs = group_seqs(4, groups=6, g=4)[:24]
+    random.Random(0).shuffle(seqs)  # groups need not arrive together
+    parts = split_mini_batches(seqs, 3)
+    assert sorted(i for p in parts for i in p) == list(range(24)) and all(parts)
+    prompts = [{tuple(seqs[i].prompt_ids) for i in p} for p in parts]
+    assert all(not (a & b) for j, a in enumerate(prompts) for b in prompts[j + 1:])  # no group in two
+    tokens = [sum(seqs[i].length for i in p) for p in parts]
+    even = sum(tokens) / 3  # each cut lands within a quarter of a mini-batch of the even split
+    assert all(even / 2 <= t <= even * 3 / 2 for t in tokens), tokens
+    with pytest.raises(ValueError, match="mini_batch_split"):
+        TrainerConfig(mini_batch_split="random")
+
+
 @pytest.fixture(scope="module")
 def trainer(tiny_qwen2):
     from seer.trainer.trainer import Trainer
@@ -138,6 +152,30 @@ def test_tree_and_packed_gradients_equal_padded(trainer, agg):
         assert m.tokens == m0.tokens
     assert m.extra["tree_token_ratio"] < 0.85 < m0.extra["tree_token_ratio"]  # the tree computed fewer tokens
     assert m.record()["tree_token_ratio"] == m.extra["tree_token_ratio"]
+
+
+def test_group_mini_batches_compute_each_prompt_once_with_padded_gradients(trainer):
+    seqs = group_seqs(5, groups=4, g=4)[:16]
+    state = copy.deepcopy(trainer.state_dict())
+    trainer.config.mini_batches, trainer.config.loss_agg = 2, "token-mean"
+    runs = {}
+    try:
+        for split, layout in (("groups", "padded"), ("groups", "tree"), ("strided", "tree")):
+            trainer.config.mini_batch_split, trainer.config.batch_layout = split, layout
+            trainer.captured_grads = []
+            runs[split, layout] = trainer.train_sequences(seqs), trainer.captured_grads
+            trainer.load_state_dict(copy.deepcopy(state))
+    finally:
+        trainer.captured_grads, trainer.config.mini_batches, trainer.config.mini_batch_split = None, 1, "groups"
+    (_, ref), (tree, grads) = runs["groups", "padded"], runs["groups", "tree"]
+    # mini-batch 1 follows an Adam step, which magnifies float noise (as in test_parallel_trainer)
+    for k, (step, ref_step, atol) in enumerate(zip(grads, ref, (ATOL, 1e-4), strict=True)):
+        for name in ref_step:
+            diff = (step[name] - ref_step[name]).abs()
+            assert bool((diff <= atol + RTOL * ref_step[name].abs()).all()), f"{k} {name}: {float(diff.max()):.3g}"
+    prompts = sum(len(s.prompt_ids) for s in seqs[::4])  # each of the 4 groups' prompt once
+    strided = runs["strided", "tree"][0].extra["computed_tokens"]
+    assert tree.extra["computed_tokens"] <= strided - prompts  # strided computes every prompt in both
 
 
 def test_per_token_logprobs_entropy_and_reference_equal_padded(trainer):
