@@ -43,11 +43,16 @@ from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
 from seer.procs.environment import agent_inherited
-from seer.rollout.agent_host import call_agent, error_line, frame, read_frames
+from seer.rollout.agent_host import HTTP_TIMEOUT_S, call_agent, error_line, frame, read_frames
 from seer.tasks.workers import BOUNDS
 
 AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
 MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
+# Given too when the agent takes a parameter of this name: an httpx.AsyncClient for the gateway, to pass
+# to its client (AsyncOpenAI(http_client=...)). In loop mode it calls the gateway's handler in this
+# process (no socket); in process mode it is an ordinary client whose SSL context the agent host made
+# once (building one per client costs ~70 ms of CPU, as much as several calls).
+HTTP_CLIENT_KEYWORD = "http_client"
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -125,6 +130,11 @@ class AgentSpec:
         return shlex.split(self.target)
 
 
+def takes_http_client(fn: Any) -> bool:
+    """Whether a function agent takes `http_client` (by that name: an agent opts in)."""
+    return HTTP_CLIENT_KEYWORD in inspect.signature(fn).parameters
+
+
 def takes_model(fn: Any) -> bool:
     """Whether a function agent takes `model` (a parameter of that name, or **kwargs)."""
     params = inspect.signature(fn).parameters.values()
@@ -150,6 +160,7 @@ class AgentSession:
     api_key: str  # this session's own gateway key
     record: dict  # the task record (prompt text, reference)
     model: str = ""  # the model name the gateway serves (gateway.model_name); "": the agent asks /v1/models
+    transport: Any = None  # () -> an httpx transport to the gateway in this process (Gateway.in_process), or None
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,18 @@ class AgentOutcome:
     error: str | None
     wall_s: float
     log: str | None = None  # the session's stdout and stderr (process mode), kept when the runner has a log_dir
+
+
+def in_loop_client(session: AgentSession) -> Any:
+    """The `http_client` of an agent on the driver's loop: straight to the gateway's handler when the
+    gateway is in this process, else an ordinary client (its SSL context shared: agent_host.ssl_context)."""
+    import httpx
+
+    from seer.rollout.agent_host import ssl_context
+
+    if session.transport is not None:
+        return httpx.AsyncClient(transport=session.transport(), timeout=HTTP_TIMEOUT_S)
+    return httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
 
 
 def session_env(session: AgentSession, reward_file: str) -> dict[str, str]:
@@ -201,6 +224,7 @@ class AgentRunner:
         self.in_process = spec.kind == "command" or spec.mode == "process"
         self._fn = resolve_agent(spec.target, dict(spec.args)) if spec.kind == "function" else None
         self._takes_model = self._fn is not None and takes_model(self._fn)
+        self._takes_http_client = self._fn is not None and takes_http_client(self._fn)
         self._own_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix="seer-agents-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +262,10 @@ class AgentRunner:
     async def _run_in_loop(self, session: AgentSession) -> AgentOutcome:
         t0 = time.monotonic()
         kwargs = self._kwargs(session)
-        task = asyncio.ensure_future(call_agent(self._fn, kwargs))
+        client = None
+        if self._takes_http_client:
+            client = kwargs[HTTP_CLIENT_KEYWORD] = in_loop_client(session)
+        task = asyncio.ensure_future(call_agent(self._fn, kwargs, client))
         try:
             done, _ = await asyncio.wait({task}, timeout=self.spec.timeout_s)
         except BaseException:
@@ -282,7 +309,7 @@ class AgentRunner:
             if self.spec.kind == "command":
                 msg.update(argv=self.spec.argv, env=session_env(session, str(reward_file)))
             else:
-                msg.update(kwargs=self._kwargs(session))
+                msg.update(kwargs=self._kwargs(session), http_client=self._takes_http_client)
             pending = host.start(session.session_id, msg)
         except Exception as e:  # a record that does not pickle or fit the environment, a host that died
             return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log))

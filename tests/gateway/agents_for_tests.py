@@ -23,11 +23,12 @@ def calculator(expression: str, left: int) -> str | None:
 
 
 async def calc_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = False,
-                     max_tokens: int | None = None, max_calls: int = 20) -> float | None:
-    """Counts down with the calculator until the model stops calling it (reward: the task's function)."""
+                     max_tokens: int | None = None, max_calls: int = 20, http_client=None) -> float | None:
+    """Counts down with the calculator until the model stops calling it (reward: the task's function).
+    It takes the runner's `http_client` (in loop mode: the gateway's handler in this process)."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
     messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
     left = int(record["reference"]["total"])
     extra = {} if max_tokens is None else {"max_tokens": max_tokens}
@@ -68,8 +69,8 @@ async def _streamed(client, messages, extra) -> dict:
     return msg
 
 
-async def streaming_calc_agent(base_url, api_key, session_id, record):
-    return await calc_agent(base_url, api_key, session_id, record, stream=True)
+async def streaming_calc_agent(base_url, api_key, session_id, record, http_client=None):
+    return await calc_agent(base_url, api_key, session_id, record, stream=True, http_client=http_client)
 
 
 async def rewriting_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:

@@ -139,6 +139,8 @@ def test_the_calculator_through_the_gateway_gives_the_environment_paths_tokens_a
         assert g.turns == e.turns >= 3 and g.reward == e.reward == 1.0
         assert g.branch is not None and g.branch.path == tuple(range(g.turns))
     assert gw_batch.stats.extra["gateway_branches"] == 0 and gw.counters["errors"] == 0
+    # the agents ran on this loop and took the runner's http_client: every call skipped the socket
+    assert gw.counters["in_process"] == gw.counters["calls"] > 0
 
 
 def test_streamed_calls_give_the_same_session_as_plain_ones():
