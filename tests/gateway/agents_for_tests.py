@@ -271,3 +271,59 @@ async def completions_agent(base_url: str, api_key: str, session_id: str, record
         return None
     finally:
         await client.close()
+
+
+SAID: dict[str, list] = {}  # session id -> per call (content deltas, tool calls, finish reason), for the test to read
+SAID_SEEN: list[str] = []  # content deltas received so far (a gated test engine waits for the first)
+
+
+async def talking_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = True,
+                        http_client=None) -> float | None:
+    """Two calls with the calculator tool, streamed or not; records what each call's answer held."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
+    messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
+    said = SAID.setdefault(session_id, [])
+    try:
+        for _ in range(2):
+            deltas, calls, finish = [], [], None
+            if stream:
+                events = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL],
+                                                              stream=True, stream_options={"include_usage": True})
+                async for chunk in events:
+                    for ch in chunk.choices:
+                        if ch.delta.content:
+                            deltas.append(ch.delta.content)
+                            SAID_SEEN.append(ch.delta.content)
+                        calls += [(c.id, c.function.name, c.function.arguments) for c in ch.delta.tool_calls or []]
+                        finish = ch.finish_reason or finish
+            else:
+                r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL])
+                m, finish = r.choices[0].message, r.choices[0].finish_reason
+                deltas = [m.content] if m.content else []
+                calls = [(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
+            said.append((deltas, calls, finish))
+            msg: dict = {"role": "assistant", "content": "".join(deltas) or None}
+            if calls:
+                msg["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, n, a in calls]
+            messages.append(msg)
+            if not calls:
+                return None
+            messages.append({"role": "tool", "tool_call_id": calls[0][0], "content": "0005"})
+        return None
+    finally:
+        await client.close()
+
+
+async def talking_agent_in_process(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, http_client=http_client)
+
+
+async def talking_agent_socket(base_url, api_key, session_id, record):
+    return await talking_agent(base_url, api_key, session_id, record)
+
+
+async def talking_agent_plain(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, stream=False, http_client=http_client)
