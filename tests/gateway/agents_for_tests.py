@@ -165,7 +165,7 @@ SDK_SESSION, COMMAND_SESSION = "-s2", "-s3"  # which sessions of a group seer-ru
 async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
     """seer-run's test agent: one `task.agent` (module:function) that serves the three kinds of agent
     in one run, by session: s2 is an OpenAI Agents SDK agent (`sdk_agent`), s3 a command line (a
-    program of its own, `command_agent`, started as the runner starts command agents), the others the
+    program of its own, run by the runner's command mode: `command_agent`), the others the
     `openai`-client loop (`openai_agent`)."""
     if session_id.endswith(SDK_SESSION):
         return await sdk_agent(base_url, api_key, session_id, record)
@@ -228,26 +228,24 @@ async def sdk_agent(base_url: str, api_key: str, session_id: str, record: dict) 
 
 
 async def command_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
-    """The command-line agent `python -m tests.gateway.command_agent`, started with exactly the
-    environment the runner gives a command agent (seer.rollout.agents.session_env: OPENAI_BASE_URL,
-    OPENAI_API_KEY, SEER_RECORD, ...); its reward is what it writes to SEER_REWARD_FILE (or None)."""
-    import asyncio
-    import os
+    """The command-line agent `python -m tests.gateway.command_agent` run by the runner's own command
+    mode (seer.rollout.agents: `AgentSpec.parse` of the command line, the agent host, the session's
+    environment, its reward file, its process group ended), exactly as a `task.agent` command line is
+    run: one run's sessions cover the function, SDK and command kinds without a run per kind."""
     import sys
-    import tempfile
 
-    from seer.rollout.agents import AgentSession, session_env
+    from seer.rollout.agents import AgentConfig, AgentRunner, AgentSession, AgentSpec
 
-    with tempfile.TemporaryDirectory() as d:
-        reward_file = os.path.join(d, "reward")
-        env = {**os.environ, **session_env(AgentSession(session_id, base_url, api_key, record, MODEL), reward_file)}
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.gateway.command_agent", env=env,
-                                                    stderr=asyncio.subprocess.PIPE)
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"the command agent exited with {proc.returncode}: {err.decode()[-800:]}")
-        text = open(reward_file).read().strip() if os.path.exists(reward_file) else ""
-    return float(text) if text else None
+    spec = AgentSpec.parse(f"{sys.executable} -m tests.gateway.command_agent", 300.0, cfg=AgentConfig())
+    assert spec.kind == "command"
+    runner = AgentRunner(spec, 1)
+    try:
+        outcome = await runner.run(AgentSession(session_id, base_url, api_key, record, MODEL))
+    finally:
+        await runner.close()
+    if outcome.error is not None:
+        raise RuntimeError(f"the command agent failed: {outcome.error}")
+    return outcome.reward
 
 
 async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
