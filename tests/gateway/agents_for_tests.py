@@ -153,6 +153,19 @@ async def impatient_agent(base_url: str, api_key: str, session_id: str, record: 
     return await calc_agent(base_url, api_key, session_id, record)
 
 
+async def impatient_agent_in_process(base_url: str, api_key: str, session_id: str, record: dict,
+                                     http_client=None) -> float | None:
+    """The same through the runner's in-process `http_client`: its read timeout is the going away."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": record["prompt"]}], "tools": [CALC_TOOL]}
+    assert http_client is not None
+    try:
+        await http_client.post(f"{base_url}/chat/completions", json=body, timeout=0.3,
+                               headers={"Authorization": f"Bearer {api_key}"})
+    except httpx.TimeoutException:
+        pass
+    return await calc_agent(base_url, api_key, session_id, record, http_client=http_client)
+
+
 # Longer than one KV block (128 tokens on vLLM's CPU backend): only full blocks go to the pool, so a
 # session's history must fill one for a moved turn to load it from there.
 SYSTEM = ("You count down to zero with the calculator tool. Call it with the current value and a digit, "

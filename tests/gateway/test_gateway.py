@@ -305,9 +305,10 @@ def test_a_session_key_is_refused_after_its_iteration_and_another_sessions_key_n
     del httpx
 
 
-def test_a_client_that_disconnects_cancels_its_turn_and_its_tokens_are_not_trained():
+@pytest.mark.parametrize("agent", ["impatient_agent", "impatient_agent_in_process"])
+def test_a_client_that_disconnects_cancels_its_turn_and_its_tokens_are_not_trained(agent):
     slow = [CalcEngine("e0", delay_s=0.5), CalcEngine("e1", delay_s=0.5)]
-    (batch,), gw, engines = asyncio.run(run_gateway("impatient_agent", calc_prompts([9]), group_size=1, engines=slow))
+    (batch,), gw, engines = asyncio.run(run_gateway(agent, calc_prompts([9]), group_size=1, engines=slow))
     (plain,), _, _ = asyncio.run(run_gateway("calc_agent", calc_prompts([9]), group_size=1))
     s = batch.samples[0]
     assert gw.counters["cancelled"] == 1 and any(e.aborted for e in engines), (s.reward_error, gw.counters)
