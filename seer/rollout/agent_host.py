@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
-import inspect
 import math
 import os
 import pickle
@@ -86,22 +85,6 @@ def check_reward(value: Any) -> float | None:
     return float(value)
 
 
-HTTP_TIMEOUT_S = 600.0  # the default timeout of an agent's given http_client (the openai client's own)
-_SSL: list[Any] = []
-
-
-def ssl_context() -> Any:
-    """One SSL context per process for the `http_client`s given to agents (the host makes it before
-    forking, so every session shares it): loading the CA bundle costs ~70 ms of CPU per context."""
-    if not _SSL:
-        import ssl
-
-        import certifi
-
-        _SSL.append(ssl.create_default_context(cafile=certifi.where()))
-    return _SSL[0]
-
-
 async def call_agent(fn: Callable[..., Any], kwargs: dict, client: Any = None) -> tuple[float | None, str | None]:
     """Await the agent, and turn whatever it raises (SystemExit, KeyboardInterrupt too) into its error;
     `client` (the `http_client` it was given) is closed after it."""
@@ -140,10 +123,6 @@ class Host:
         if kind == "function":
             try:
                 self.fn = _load(target)
-                if "http_client" in inspect.signature(self.fn).parameters:
-                    import httpx  # noqa: F401  (imported once here, shared by every session)
-
-                    ssl_context()
             except BaseException as e:  # noqa: BLE001 - reported to the driver, which fails its sessions
                 ready = {"ready": False, "error": f"importing {target!r}: {error_line(e)}"}
         self.send(ready)
@@ -263,7 +242,7 @@ class Host:
                 os.write(2, f"cannot run {msg['argv'][0]!r}: {e}\n".encode())
                 os._exit(127)
         before = set(sys.modules)
-        reward, error = asyncio.run(self._session(msg)) if self.fn is not None else (None, "no agent")
+        reward, error = asyncio.run(call_agent(self.fn, msg["kwargs"])) if self.fn is not None else (None, "no agent")
         if msg.get("modules") and error is None:
             try:
                 with open(msg["modules"], "w") as f:
@@ -277,14 +256,6 @@ class Host:
                 pass
         _write_all(self.out, frame({"id": msg["id"], "result": reward, "error": error}))
         os._exit(0)
-
-    async def _session(self, msg: dict) -> tuple[float | None, str | None]:
-        kwargs, client = msg["kwargs"], None
-        if msg.get("http_client"):
-            import httpx
-
-            client = kwargs["http_client"] = httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
-        return await call_agent(self.fn, kwargs, client)
 
     def reap(self, block: bool = False) -> None:
         while self.children:
