@@ -8,7 +8,9 @@ gateway's tests (tests.gateway.agents_for_tests:calc_agent, an `openai`-client l
 x `--group-size` sessions, on the tests' scripted engine in place of vLLM (it writes the
 calculator's calls at once), so what is timed is the gateway and the agents' clients. Per
 `agent.mode` (loop, process), repeats alternating: the iteration's wall time, the driver process's
-CPU time and, in process mode, the agent processes' (reaped children), each per call. With
+CPU time and, in process mode, the agent processes' (the agent host's and its reaped sessions'),
+each per call. One runner
+per mode serves every iteration (as one serves a run), warmed by two untimed small iterations. With
 `--profile`, one more loop-mode iteration under cProfile, its own time summed by package: where a
 call's CPU goes.
 
@@ -26,8 +28,6 @@ import os
 import platform
 import pstats
 import re
-import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -37,15 +37,29 @@ ROOT = Path(__file__).resolve().parents[1]
 AGENT = "tests.gateway.agents_for_tests:calc_agent"
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def _agents_cpu(runner) -> float:
+    """The agent host's CPU seconds and its reaped sessions' (process mode; 0 in loop mode)."""
+    host = getattr(runner, "_host", None)
+    if host is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{host.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
 
 
-async def iteration(mode: str, groups: int, group_size: int, chunk: int) -> dict:
-    """One iteration of `groups` x `group_size` sessions through a fresh gateway and runner."""
-    from seer.model.chat import EmbeddedChat
+def runner(mode: str, sessions: int):
+    """One agent runner per mode for the whole bench, as a run has one (its agent host, in process
+    mode, imports what the first sessions imported late: later sessions fork warm)."""
     from seer.rollout.agents import AgentConfig, AgentRunner, AgentSpec
+
+    return AgentRunner(AgentSpec.parse(AGENT, 600.0, cfg=AgentConfig(mode=mode)), sessions)
+
+
+async def iteration(runner, groups: int, group_size: int, chunk: int) -> dict:
+    """One iteration of `groups` x `group_size` sessions through a fresh gateway (and `runner`)."""
+    from seer.model.chat import EmbeddedChat
     from seer.rollout.base import RolloutContext, RolloutRequest
     from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer, gateway_rollout
     from seer.tasks.reward import RewardRunner
@@ -57,20 +71,19 @@ async def iteration(mode: str, groups: int, group_size: int, chunk: int) -> dict
                  decode, t.TOK.eos_token, "seer-policy", GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
     server = GatewayServer(gw, "127.0.0.1")
     await server.start()
-    runner = AgentRunner(AgentSpec.parse(AGENT, 600.0, cfg=AgentConfig(mode=mode)), groups * group_size)
+    mode = runner.spec.mode
     prompts = t.calc_prompts([20 + 3 * i for i in range(groups)])
     rewards = RewardRunner("seer.tasks.calculator:score")
-    cpu0, kids0, t0 = time.process_time(), _children_cpu(), time.perf_counter()
+    cpu0, kids0, t0 = time.process_time(), _agents_cpu(runner), time.perf_counter()
     try:
         ctx = RolloutContext([t.CalcEngine("e0"), t.CalcEngine("e1")], t.scheduler(chunk), rewards, decode=decode,
                              encode=t.encode, gateway=gw, agents=runner)
         batch = await gateway_rollout(ctx, RolloutRequest(0, prompts, group_size, SamplingParams(max_tokens=512)))
         wall = time.perf_counter() - t0
     finally:
-        await runner.close()
         await server.close()
         rewards.close()
-    cpu, kids = time.process_time() - cpu0, _children_cpu() - kids0
+    cpu, kids = time.process_time() - cpu0, _agents_cpu(runner) - kids0
     calls = gw.counters["calls"]
     ok = sum(1 for s in batch.samples if s.reward == 1.0)
     return {"mode": mode, "calls": calls, "wall_s": wall, "driver_cpu_s": cpu, "agents_cpu_s": kids,
@@ -114,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "?"
     label = a.label or commit
-    asyncio.run(iteration("loop", 2, 2, a.chunk))  # warm: imports, the tokenizer
+    runners = {mode: runner(mode, a.groups * a.group_size) for mode in ("loop", "process")}
+    for r in runners.values():  # untimed: imports, the tokenizer, the agent host's start and warming
+        for _ in range(2):
+            asyncio.run(iteration(r, 2, 2, a.chunk))
     rows = []
     for rep in range(a.repeats):
         for mode in (("loop", "process") if rep % 2 == 0 else ("process", "loop")):
-            r = asyncio.run(iteration(mode, a.groups, a.group_size, a.chunk))
+            r = asyncio.run(iteration(runners[mode], a.groups, a.group_size, a.chunk))
             r["repeat"] = rep
             rows.append(r)
             print(f"{mode:8s} {r['calls']} calls  wall {1e3 * r['wall_s'] / r['calls']:.2f} ms/call  driver cpu "
@@ -128,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
-        asyncio.run(iteration("loop", a.groups, a.group_size, a.chunk))
+        asyncio.run(iteration(runners["loop"], a.groups, a.group_size, a.chunk))
         prof.disable()
         profile = by_package(pstats.Stats(prof))
+    for r in runners.values():
+        asyncio.run(r.close())
     summary = {}
     for mode in ("loop", "process"):
         mine = [r for r in rows if r["mode"] == mode]
