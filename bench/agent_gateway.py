@@ -599,6 +599,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {LABELS.get(name, name)} | {r['model_tokens_per_s']:.0f} ({r['model_tokens_per_s_min']:.0f}-"
                      f"{r['model_tokens_per_s_max']:.0f}) | {ratio} | {r['wall_s'] / r['iterations']:.2f} | {calls} | "
                      f"{cost} | {share} | {same} | {rew} |")
+    lines += why(rows)
     w = result.get("warm_up", {})
     lines += ["", f"Warm-up (the model on the real environment, untimed): {w.get('trajectories')} trajectories, "
               f"{w.get('model_tokens')} model tokens, turns median {w.get('turns_median')} max {w.get('turns_max')}, "
@@ -611,6 +612,28 @@ def markdown(result: dict) -> str:
               "iterations' wall time; same tokens = samples whose prompt, response tokens and loss mask equal the "
               "env run's of the same repeat and iteration (replayed model tokens and tool latencies)."]
     return "\n".join(lines)
+
+
+def why(rows: dict) -> list[str]:
+    """Where a gateway configuration's extra wall time per call goes, against env (the bar: at most
+    5% fewer model tokens/s), from the recorded numbers."""
+    env = rows.get("env")
+    out = []
+    for name, r in rows.items():
+        if env is None or name == "env" or not r.get("calls"):
+            continue
+        calls = r["calls_per_iteration"]
+        env_wall, wall = env["wall_s"] / env["iterations"], r["wall_s"] / r["iterations"]
+        extra_ms = 1e3 * (wall - env_wall) / calls
+        gw = r["gateway_ms_per_call"]
+        out.append(f"- {name}: a call carries {r['model_tokens'] / r['iterations'] / calls:.0f} model tokens, "
+                   f"which the env path turns over in {1e3 * env_wall / calls:.1f} ms of its iteration's wall; "
+                   f"through the gateway the iteration is {extra_ms:.1f} ms longer per call, of which the "
+                   f"gateway's own time is {gw:.2f} ms ({100 * gw / extra_ms:.0f}%) and the rest the agents' side "
+                   f"(their `openai` clients and, in process mode, their processes) on the same cores.")
+    if out:
+        out = ["", "Where the time per call goes (against env, per iteration):", *out]
+    return out
 
 
 def render(out: Path) -> dict:
