@@ -626,11 +626,14 @@ def why(rows: dict) -> list[str]:
         env_wall, wall = env["wall_s"] / env["iterations"], r["wall_s"] / r["iterations"]
         extra_ms = 1e3 * (wall - env_wall) / calls
         gw = r["gateway_ms_per_call"]
+        loop = name == "gateway_loop"
+        waits = "scheduler and the agents' clients" if loop else "scheduler"
+        who = "clients" if loop else "clients and processes"
         out.append(f"- {name}: a call carries {r['model_tokens'] / r['iterations'] / calls:.0f} model tokens, "
                    f"which the env path turns over in {1e3 * env_wall / calls:.1f} ms of its iteration's wall; "
-                   f"through the gateway the iteration is {extra_ms:.1f} ms longer per call, of which the "
-                   f"gateway's own time is {gw:.2f} ms ({100 * gw / extra_ms:.0f}%) and the rest the agents' side "
-                   f"(their `openai` clients and, in process mode, their processes) on the same cores.")
+                   f"through the gateway the iteration is {extra_ms:.1f} ms longer per call. The gateway's own time "
+                   f"is {gw:.2f} ms per call of wall on the driver's loop (its work, and its waits there behind the "
+                   f"{waits}), overlapping the instances' work; the agents' {who} run on the same cores.")
     if out:
         out = ["", "Where the time per call goes (against env, per iteration):", *out]
     return out
