@@ -29,8 +29,9 @@ gateway its cost per call; the env and gateway runs are checked to hold the same
 sample (`same_tokens`).
 
 The gateway's cost per call is its own work for one chat call, timed in the driver's process: the
-HTTP request's time in the server less the time its turn spent in the scheduler (parsing, checks,
-rendering, the response), plus the synchronous work of matching and tokenizing the call against its
+request's time in the server (the ASGI app for agents in processes of their own; the in-process
+transport for agents on the driver's loop, which take the runner's `http_client`) less the time its
+turn spent in the scheduler (parsing, checks, rendering, the response), plus the synchronous work of matching and tokenizing the call against its
 session (`Gateway._take`) and of delivering the turn (`Gateway._deliver`: decode, parse the tool
 call, re-render). It is wall time on the driver's event loop: on a busy loop it includes waiting
 there behind other work (the scheduler; with `agent.mode: loop`, the agents' own clients). The
@@ -227,9 +228,10 @@ async def run_gateway_iteration(ctx, prompts, s: GWSettings, iteration: int, pol
 
 
 class CallClock:
-    """The gateway's own time per chat call (see the module's docstring): an ASGI wrapper times each
-    request, the turn's time in the scheduler (from `submit` to its result) is taken off, and the
-    gateway's synchronous session work (`_take`, `_deliver`) is added."""
+    """The gateway's own time per chat call (see the module's docstring): a wrapper of either door (the
+    ASGI app, the in-process transport) times each request, the turn's time in the scheduler (from
+    `submit` to its result) is taken off, and the gateway's synchronous session work (`_take`,
+    `_deliver`) is added."""
 
     def __init__(self, gw) -> None:
         self.handler_s: list[float] = []  # per chat call: the request's time in the server less its turn
@@ -255,21 +257,40 @@ class CallClock:
 
         gw.submit, gw._take, gw._deliver = timed_submit, timed(take), timed(deliver)
 
+    async def _timed(self, serve):
+        """Time one chat request through `serve` (an awaitable), less its turn's time."""
+        holder: dict = {}
+        token = self._turn.set(holder)
+        t0 = time.perf_counter()
+        try:
+            return await serve
+        finally:
+            self._turn.reset(token)
+            wall = time.perf_counter() - t0
+            if "submit" in holder and "done" in holder:
+                self.handler_s.append(wall - (holder["done"] - holder["submit"]))
+
     def asgi(self, app):
+        """The socket door: the ASGI app, sending its answer included."""
         async def wrapped(scope, receive, send):
             if scope.get("type") != "http" or not scope.get("path", "").endswith("/chat/completions"):
                 return await app(scope, receive, send)
-            holder: dict = {}
-            token = self._turn.set(holder)
-            t0 = time.perf_counter()
-            try:
-                await app(scope, receive, send)
-            finally:
-                self._turn.reset(token)
-                wall = time.perf_counter() - t0
-                if "submit" in holder and "done" in holder:
-                    self.handler_s.append(wall - (holder["done"] - holder["submit"]))
+            return await self._timed(app(scope, receive, send))
         return wrapped
+
+    def in_process(self, factory):
+        """The in-process door (agents on the driver's loop): the transport's whole request."""
+        def make():
+            transport = factory()
+            handle = transport.handle_async_request
+
+            async def timed(request):
+                if not request.url.path.endswith("/chat/completions"):
+                    return await handle(request)
+                return await self._timed(handle(request))
+            transport.handle_async_request = timed
+            return transport
+        return make
 
     def take(self) -> dict:
         """The calls since the last take: how many, and the gateway's seconds for them."""
@@ -298,6 +319,7 @@ async def start_gateway(tok, model_dir: Path, s: GWSettings):
         await server.start()
     finally:
         server_module.build_app = build
+    gw.in_process = clock.in_process(gw.in_process)
     return gw, server, clock
 
 
@@ -577,6 +599,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {LABELS.get(name, name)} | {r['model_tokens_per_s']:.0f} ({r['model_tokens_per_s_min']:.0f}-"
                      f"{r['model_tokens_per_s_max']:.0f}) | {ratio} | {r['wall_s'] / r['iterations']:.2f} | {calls} | "
                      f"{cost} | {share} | {same} | {rew} |")
+    lines += why(rows)
     w = result.get("warm_up", {})
     lines += ["", f"Warm-up (the model on the real environment, untimed): {w.get('trajectories')} trajectories, "
               f"{w.get('model_tokens')} model tokens, turns median {w.get('turns_median')} max {w.get('turns_max')}, "
@@ -589,6 +612,31 @@ def markdown(result: dict) -> str:
               "iterations' wall time; same tokens = samples whose prompt, response tokens and loss mask equal the "
               "env run's of the same repeat and iteration (replayed model tokens and tool latencies)."]
     return "\n".join(lines)
+
+
+def why(rows: dict) -> list[str]:
+    """Where a gateway configuration's extra wall time per call goes, against env (the bar: at most
+    5% fewer model tokens/s), from the recorded numbers."""
+    env = rows.get("env")
+    out = []
+    for name, r in rows.items():
+        if env is None or name == "env" or not r.get("calls"):
+            continue
+        calls = r["calls_per_iteration"]
+        env_wall, wall = env["wall_s"] / env["iterations"], r["wall_s"] / r["iterations"]
+        extra_ms = 1e3 * (wall - env_wall) / calls
+        gw = r["gateway_ms_per_call"]
+        loop = name == "gateway_loop"
+        waits = "scheduler and the agents' clients" if loop else "scheduler"
+        who = "clients" if loop else "clients and processes"
+        out.append(f"- {name}: a call carries {r['model_tokens'] / r['iterations'] / calls:.0f} model tokens, "
+                   f"which the env path turns over in {1e3 * env_wall / calls:.1f} ms of its iteration's wall; "
+                   f"through the gateway the iteration is {extra_ms:.1f} ms longer per call. The gateway's own time "
+                   f"is {gw:.2f} ms per call of wall on the driver's loop (its work, and its waits there behind the "
+                   f"{waits}), overlapping the instances' work; the agents' {who} run on the same cores.")
+    if out:
+        out = ["", "Where the time per call goes (against env, per iteration):", *out]
+    return out
 
 
 def render(out: Path) -> dict:

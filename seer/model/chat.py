@@ -68,6 +68,11 @@ class ChatFormat(Protocol):
         """Strings that end a model turn besides EOS (a tool call's end)."""
         ...
 
+    def call_starts(self, tools: list[dict] | None) -> tuple[str, ...] | None:
+        """Strings where a tool call may begin in a turn's text (the text before them is content and
+        may be streamed as it is generated); None: unknown, nothing is streamed before the turn ends."""
+        ...
+
     def parse(self, text: str, tools: list[dict] | None) -> Reply:
         """The reply in a turn's text (special tokens kept, the EOS token's text removed)."""
         ...
@@ -138,6 +143,9 @@ class EmbeddedChat:
     def stop(self, tools: list[dict] | None) -> tuple[str, ...]:
         return tuple(f"</{fn['name']}>" for fn in function_tools(tools))
 
+    def call_starts(self, tools: list[dict] | None) -> tuple[str, ...] | None:
+        return tuple(f"<{fn['name']}>" for fn in function_tools(tools))
+
     def _call_text(self, call: Any, tools: dict[str, dict], where: str) -> str:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -188,6 +196,10 @@ TOOL_PARSERS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "qw
                 "llama": "llama3_json", "mistral": "mistral", "granite": "granite"}
 
 
+# Where each parser's tool calls begin in a turn's text (streaming sends the content before them early).
+CALL_STARTS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "granite": ("<|tool_call|>",)}
+
+
 class HFChat:
     """A real checkpoint's own chat template, and vLLM's tool parser of its family."""
 
@@ -206,6 +218,11 @@ class HFChat:
 
     def stop(self, tools: list[dict] | None) -> tuple[str, ...]:
         return ()
+
+    def call_starts(self, tools: list[dict] | None) -> tuple[str, ...] | None:
+        if not tools or self.parser_name is None:
+            return ()
+        return CALL_STARTS.get(self.parser_name)
 
     def render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
         try:

@@ -85,12 +85,19 @@ def check_reward(value: Any) -> float | None:
     return float(value)
 
 
-async def call_agent(fn: Callable[..., Any], kwargs: dict) -> tuple[float | None, str | None]:
-    """Await the agent, and turn whatever it raises (SystemExit, KeyboardInterrupt too) into its error."""
+async def call_agent(fn: Callable[..., Any], kwargs: dict, client: Any = None) -> tuple[float | None, str | None]:
+    """Await the agent, and turn whatever it raises (SystemExit, KeyboardInterrupt too) into its error;
+    `client` (the `http_client` it was given) is closed after it."""
     try:
         return check_reward(await fn(**kwargs)), None
     except BaseException as e:  # noqa: BLE001 - the agent's fault, reported as its session's error
         return None, error_line(e)
+    finally:
+        if client is not None:
+            try:
+                await client.aclose()
+            except BaseException:  # noqa: BLE001 - the agent may have closed it, or broken it
+                pass
 
 
 class Host:

@@ -48,6 +48,11 @@ from seer.tasks.workers import BOUNDS
 
 AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
 MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
+# Given too when the agent takes a parameter of this name: with `agent.mode: loop`, an httpx.AsyncClient
+# that calls the gateway's handler in this process (no socket, no HTTP parsing), to pass to its client
+# (AsyncOpenAI(http_client=...)); in process mode None (the agent's client's own default).
+HTTP_CLIENT_KEYWORD = "http_client"
+HTTP_TIMEOUT_S = 600.0  # that client's default timeout (the openai client's own)
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -125,6 +130,11 @@ class AgentSpec:
         return shlex.split(self.target)
 
 
+def takes_http_client(fn: Any) -> bool:
+    """Whether a function agent takes `http_client` (by that name: an agent opts in)."""
+    return HTTP_CLIENT_KEYWORD in inspect.signature(fn).parameters
+
+
 def takes_model(fn: Any) -> bool:
     """Whether a function agent takes `model` (a parameter of that name, or **kwargs)."""
     params = inspect.signature(fn).parameters.values()
@@ -150,6 +160,7 @@ class AgentSession:
     api_key: str  # this session's own gateway key
     record: dict  # the task record (prompt text, reference)
     model: str = ""  # the model name the gateway serves (gateway.model_name); "": the agent asks /v1/models
+    transport: Any = None  # () -> an httpx transport to the gateway in this process (Gateway.in_process), or None
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,31 @@ class AgentOutcome:
     error: str | None
     wall_s: float
     log: str | None = None  # the session's stdout and stderr (process mode), kept when the runner has a log_dir
+
+
+_SSL: list[Any] = []
+
+
+def ssl_context() -> Any:
+    """One SSL context per process for the clients `in_loop_client` makes: loading the CA bundle
+    costs ~70 ms of CPU per context (what httpx does for every client it makes)."""
+    if not _SSL:
+        import ssl
+
+        import certifi
+
+        _SSL.append(ssl.create_default_context(cafile=certifi.where()))
+    return _SSL[0]
+
+
+def in_loop_client(session: AgentSession) -> Any:
+    """The `http_client` of an agent on the driver's loop: straight to the gateway's handler when the
+    gateway is in this process, else an ordinary client (its SSL context shared: agent_host.ssl_context)."""
+    import httpx
+
+    if session.transport is not None:
+        return httpx.AsyncClient(transport=session.transport(), timeout=HTTP_TIMEOUT_S)
+    return httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
 
 
 def session_env(session: AgentSession, reward_file: str) -> dict[str, str]:
@@ -201,6 +237,7 @@ class AgentRunner:
         self.in_process = spec.kind == "command" or spec.mode == "process"
         self._fn = resolve_agent(spec.target, dict(spec.args)) if spec.kind == "function" else None
         self._takes_model = self._fn is not None and takes_model(self._fn)
+        self._takes_http_client = self._fn is not None and takes_http_client(self._fn)
         self._own_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix="seer-agents-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +275,10 @@ class AgentRunner:
     async def _run_in_loop(self, session: AgentSession) -> AgentOutcome:
         t0 = time.monotonic()
         kwargs = self._kwargs(session)
-        task = asyncio.ensure_future(call_agent(self._fn, kwargs))
+        client = None
+        if self._takes_http_client:
+            client = kwargs[HTTP_CLIENT_KEYWORD] = in_loop_client(session)
+        task = asyncio.ensure_future(call_agent(self._fn, kwargs, client))
         try:
             done, _ = await asyncio.wait({task}, timeout=self.spec.timeout_s)
         except BaseException:
@@ -282,7 +322,10 @@ class AgentRunner:
             if self.spec.kind == "command":
                 msg.update(argv=self.spec.argv, env=session_env(session, str(reward_file)))
             else:
-                msg.update(kwargs=self._kwargs(session))
+                kwargs = self._kwargs(session)
+                if self._takes_http_client:
+                    kwargs[HTTP_CLIENT_KEYWORD] = None
+                msg.update(kwargs=kwargs)
             pending = host.start(session.session_id, msg)
         except Exception as e:  # a record that does not pickle or fit the environment, a host that died
             return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log))

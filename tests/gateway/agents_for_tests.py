@@ -23,11 +23,12 @@ def calculator(expression: str, left: int) -> str | None:
 
 
 async def calc_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = False,
-                     max_tokens: int | None = None, max_calls: int = 20) -> float | None:
-    """Counts down with the calculator until the model stops calling it (reward: the task's function)."""
+                     max_tokens: int | None = None, max_calls: int = 20, http_client=None) -> float | None:
+    """Counts down with the calculator until the model stops calling it (reward: the task's function).
+    It takes the runner's `http_client` (in loop mode: the gateway's handler in this process)."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
     messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
     left = int(record["reference"]["total"])
     extra = {} if max_tokens is None else {"max_tokens": max_tokens}
@@ -68,8 +69,8 @@ async def _streamed(client, messages, extra) -> dict:
     return msg
 
 
-async def streaming_calc_agent(base_url, api_key, session_id, record):
-    return await calc_agent(base_url, api_key, session_id, record, stream=True)
+async def streaming_calc_agent(base_url, api_key, session_id, record, http_client=None):
+    return await calc_agent(base_url, api_key, session_id, record, stream=True, http_client=http_client)
 
 
 async def rewriting_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
@@ -152,6 +153,19 @@ async def impatient_agent(base_url: str, api_key: str, session_id: str, record: 
     return await calc_agent(base_url, api_key, session_id, record)
 
 
+async def impatient_agent_in_process(base_url: str, api_key: str, session_id: str, record: dict,
+                                     http_client=None) -> float | None:
+    """The same through the runner's in-process `http_client`: its read timeout is the going away."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": record["prompt"]}], "tools": [CALC_TOOL]}
+    assert http_client is not None
+    try:
+        await http_client.post(f"{base_url}/chat/completions", json=body, timeout=0.3,
+                               headers={"Authorization": f"Bearer {api_key}"})
+    except httpx.TimeoutException:
+        pass
+    return await calc_agent(base_url, api_key, session_id, record, http_client=http_client)
+
+
 # Longer than one KV block (128 tokens on vLLM's CPU backend): only full blocks go to the pool, so a
 # session's history must fill one for a moved turn to load it from there.
 SYSTEM = ("You count down to zero with the calculator tool. Call it with the current value and a digit, "
@@ -164,7 +178,7 @@ SDK_SESSION, COMMAND_SESSION = "-s2", "-s3"  # which sessions of a group seer-ru
 async def run_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
     """seer-run's test agent: one `task.agent` (module:function) that serves the three kinds of agent
     in one run, by session: s2 is an OpenAI Agents SDK agent (`sdk_agent`), s3 a command line (a
-    program of its own, `command_agent`, started as the runner starts command agents), the others the
+    program of its own, run by the runner's command mode: `command_agent`), the others the
     `openai`-client loop (`openai_agent`)."""
     if session_id.endswith(SDK_SESSION):
         return await sdk_agent(base_url, api_key, session_id, record)
@@ -227,26 +241,24 @@ async def sdk_agent(base_url: str, api_key: str, session_id: str, record: dict) 
 
 
 async def command_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
-    """The command-line agent `python -m tests.gateway.command_agent`, started with exactly the
-    environment the runner gives a command agent (seer.rollout.agents.session_env: OPENAI_BASE_URL,
-    OPENAI_API_KEY, SEER_RECORD, ...); its reward is what it writes to SEER_REWARD_FILE (or None)."""
-    import asyncio
-    import os
+    """The command-line agent `python -m tests.gateway.command_agent` run by the runner's own command
+    mode (seer.rollout.agents: `AgentSpec.parse` of the command line, the agent host, the session's
+    environment, its reward file, its process group ended), exactly as a `task.agent` command line is
+    run: one run's sessions cover the function, SDK and command kinds without a run per kind."""
     import sys
-    import tempfile
 
-    from seer.rollout.agents import AgentSession, session_env
+    from seer.rollout.agents import AgentConfig, AgentRunner, AgentSession, AgentSpec
 
-    with tempfile.TemporaryDirectory() as d:
-        reward_file = os.path.join(d, "reward")
-        env = {**os.environ, **session_env(AgentSession(session_id, base_url, api_key, record, MODEL), reward_file)}
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.gateway.command_agent", env=env,
-                                                    stderr=asyncio.subprocess.PIPE)
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"the command agent exited with {proc.returncode}: {err.decode()[-800:]}")
-        text = open(reward_file).read().strip() if os.path.exists(reward_file) else ""
-    return float(text) if text else None
+    spec = AgentSpec.parse(f"{sys.executable} -m tests.gateway.command_agent", 300.0, cfg=AgentConfig())
+    assert spec.kind == "command"
+    runner = AgentRunner(spec, 1)
+    try:
+        outcome = await runner.run(AgentSession(session_id, base_url, api_key, record, MODEL))
+    finally:
+        await runner.close()
+    if outcome.error is not None:
+        raise RuntimeError(f"the command agent failed: {outcome.error}")
+    return outcome.reward
 
 
 async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
@@ -270,3 +282,59 @@ async def completions_agent(base_url: str, api_key: str, session_id: str, record
         return None
     finally:
         await client.close()
+
+
+SAID: dict[str, list] = {}  # session id -> per call (content deltas, tool calls, finish reason), for the test to read
+SAID_SEEN: list[str] = []  # content deltas received so far (a gated test engine waits for the first)
+
+
+async def talking_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = True,
+                        http_client=None) -> float | None:
+    """Two calls with the calculator tool, streamed or not; records what each call's answer held."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
+    messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
+    said = SAID.setdefault(session_id, [])
+    try:
+        for _ in range(2):
+            deltas, calls, finish = [], [], None
+            if stream:
+                events = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL],
+                                                              stream=True, stream_options={"include_usage": True})
+                async for chunk in events:
+                    for ch in chunk.choices:
+                        if ch.delta.content:
+                            deltas.append(ch.delta.content)
+                            SAID_SEEN.append(ch.delta.content)
+                        calls += [(c.id, c.function.name, c.function.arguments) for c in ch.delta.tool_calls or []]
+                        finish = ch.finish_reason or finish
+            else:
+                r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL])
+                m, finish = r.choices[0].message, r.choices[0].finish_reason
+                deltas = [m.content] if m.content else []
+                calls = [(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
+            said.append((deltas, calls, finish))
+            msg: dict = {"role": "assistant", "content": "".join(deltas) or None}
+            if calls:
+                msg["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, n, a in calls]
+            messages.append(msg)
+            if not calls:
+                return None
+            messages.append({"role": "tool", "tool_call_id": calls[0][0], "content": "0005"})
+        return None
+    finally:
+        await client.close()
+
+
+async def talking_agent_in_process(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, http_client=http_client)
+
+
+async def talking_agent_socket(base_url, api_key, session_id, record):
+    return await talking_agent(base_url, api_key, session_id, record)
+
+
+async def talking_agent_plain(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, stream=False, http_client=http_client)

@@ -139,6 +139,8 @@ def test_the_calculator_through_the_gateway_gives_the_environment_paths_tokens_a
         assert g.turns == e.turns >= 3 and g.reward == e.reward == 1.0
         assert g.branch is not None and g.branch.path == tuple(range(g.turns))
     assert gw_batch.stats.extra["gateway_branches"] == 0 and gw.counters["errors"] == 0
+    # the agents ran on this loop and took the runner's http_client: every call skipped the socket
+    assert gw.counters["in_process"] == gw.counters["calls"] > 0
 
 
 def test_streamed_calls_give_the_same_session_as_plain_ones():
@@ -147,6 +149,82 @@ def test_streamed_calls_give_the_same_session_as_plain_ones():
     (streamed,), _, _ = asyncio.run(run_gateway("streaming_calc_agent", prompts, group_size=1))
     assert streamed.samples[0].response_ids == plain.samples[0].response_ids
     assert streamed.samples[0].reward == 1.0
+
+
+class TalkEngine(CalcEngine):
+    """Says SAID and calls the calculator, then (after the tool's answer) says DONE. With `gated`, a
+    turn's chunk after its first waits (up to 30 s) until the agent has received some of the turn's
+    content: a turn can only finish promptly if its content streams out while it is generated."""
+
+    SAID, CALL, DONE = "let me think about it ", "<calc>0009-4</calc>", "all done"
+
+    def __init__(self, name: str, gated: bool):
+        super().__init__(name)
+        self.gated, self.waited_out = gated, 0
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        text = TOK.decode(req.prompt_ids, skip_special_tokens=False)
+        want = self.DONE if "</calc>=" in text else self.SAID + self.CALL
+        done = next((k for k in range(len(want), 1, -1) if text.endswith(want[:k])), 0)
+        if self.gated and done and not agents.SAID_SEEN:
+            for _ in range(3000):
+                await asyncio.sleep(0.01)
+                if agents.SAID_SEEN:
+                    break
+            else:
+                self.waited_out += 1
+        rest = encode(want[done:])
+        out, reason = (rest[:req.max_tokens], "length") if rest else ([EOS], "stop")
+        if rest and len(out) == len(rest) and want.endswith("</calc>"):
+            reason = "stop"
+        n = len(req.prompt_ids)
+        now = time.time()
+        return GenerateResult(req.request_id, out, [lp_at(n + i) for i in range(len(out))], reason, 0, n, self.name,
+                              now, now)
+
+
+@pytest.mark.parametrize("door", ["in_process", "socket"])
+def test_a_streamed_call_sends_its_content_as_the_turns_chunks_return_and_ends_as_the_plain_call(door):
+    prompts = calc_prompts([9])
+
+    def run(agent: str, gated: bool):
+        agents.SAID.clear()
+        agents.SAID_SEEN.clear()
+        engines = [TalkEngine("e0", gated), TalkEngine("e1", gated)]
+
+        async def go():
+            gw = Gateway(EmbeddedChat(TOK.eos_token), encode, lambda ids: TOK.decode(ids, skip_special_tokens=False),
+                         lambda ids: TOK.decode(ids, skip_special_tokens=True), TOK.eos_token, agents.MODEL,
+                         GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
+            server = GatewayServer(gw, "127.0.0.1")
+            await server.start()
+            runner = AgentRunner(AgentSpec.parse(f"{AGENTS}:{agent}", 60.0, cfg=AgentConfig(mode="loop")), 2)
+            try:
+                ctx = RolloutContext(engines, scheduler(chunk=2), RewardRunner("seer.tasks.calculator:score"),
+                                     decode=lambda ids: TOK.decode(ids, skip_special_tokens=True), encode=encode,
+                                     gateway=gw, agents=runner)
+                return await gateway_rollout(ctx, RolloutRequest(0, prompts, 1, SamplingParams(max_tokens=64))), gw
+            finally:
+                await server.close()
+
+        batch, gw = asyncio.run(go())
+        (said,) = agents.SAID.values()
+        return batch.samples[0], said, engines, gw
+
+    plain, plain_said, _, _ = run("talking_agent_plain", gated=False)
+    sample, said, engines, gw = run(f"talking_agent_{door}", gated=True)
+    assert (gw.counters["in_process"] > 0) == (door == "in_process")
+    # the content came in several deltas, the first while the turn was still being generated
+    assert len(said[0][0]) > 1 and sum(e.waited_out for e in engines) == 0, said
+    assert len(said[1][0]) > 1
+    for (deltas, calls, finish), (p_deltas, p_calls, p_finish) in zip(said, plain_said, strict=True):
+        assert "".join(deltas) == "".join(p_deltas) and finish == p_finish
+        assert [c[1:] for c in calls] == [c[1:] for c in p_calls] and all(c[0] for c in calls)
+    assert "".join(said[0][0]) == TalkEngine.SAID and said[0][1][0][1:] == ("calc", '{"expression": "0009-4"}')
+    assert said[0][2] == "tool_calls" and "".join(said[1][0]) == TalkEngine.DONE and said[1][2] == "stop"
+    # the streamed text is the turn's tokens' text, and the session's tokens are the plain call's
+    assert TOK.decode(sample.response_ids).startswith(TalkEngine.SAID + TalkEngine.CALL)
+    assert sample.response_ids == plain.response_ids and sample.loss_mask == plain.loss_mask
 
 
 def test_a_session_that_rewrites_its_history_is_trained_as_its_branches_without_retokenized_model_tokens():
@@ -227,9 +305,10 @@ def test_a_session_key_is_refused_after_its_iteration_and_another_sessions_key_n
     del httpx
 
 
-def test_a_client_that_disconnects_cancels_its_turn_and_its_tokens_are_not_trained():
+@pytest.mark.parametrize("agent", ["impatient_agent", "impatient_agent_in_process"])
+def test_a_client_that_disconnects_cancels_its_turn_and_its_tokens_are_not_trained(agent):
     slow = [CalcEngine("e0", delay_s=0.5), CalcEngine("e1", delay_s=0.5)]
-    (batch,), gw, engines = asyncio.run(run_gateway("impatient_agent", calc_prompts([9]), group_size=1, engines=slow))
+    (batch,), gw, engines = asyncio.run(run_gateway(agent, calc_prompts([9]), group_size=1, engines=slow))
     (plain,), _, _ = asyncio.run(run_gateway("calc_agent", calc_prompts([9]), group_size=1))
     s = batch.samples[0]
     assert gw.counters["cancelled"] == 1 and any(e.aborted for e in engines), (s.reward_error, gw.counters)

@@ -1,9 +1,9 @@
 """Issue 30: `seer-run --sync` trains two iterations of agents with function tools through the
 gateway, on real vLLM instances sharing the Mooncake pool. `task.agent` is one module:function
 (tests.gateway.agents_for_tests:run_agent) that serves the three kinds of agent, by session: s0 and
-s1 an `openai`-client loop, s2 an OpenAI Agents SDK agent, s3 a command-line program (started with
-the environment the runner gives command agents; the runner's own command mode is tested on a
-scripted engine in tests/agent). One run, several claims:
+s1 an `openai`-client loop, s2 an OpenAI Agents SDK agent, s3 a command-line program run by the
+runner's own command mode (seer.rollout.agents: agent host, session environment, reward file, process
+group), as a `task.agent` command line is. One run, several claims:
 
 - the trainer's sequences are exactly the instances' tokens: every loss-mask-1 token is a token an
   instance returned at exactly that context, with its log-prob; every mask-0 token is one the gateway

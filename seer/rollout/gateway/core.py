@@ -84,6 +84,8 @@ class Call:
     matcher: StopMatcher | None = None
     plan: Plan | None = None
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    turn_ids: list[int] = field(default_factory=list)  # the turn's tokens so far, as its chunks return (streaming)
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set when turn_ids grew
 
 
 @dataclass(eq=False)
@@ -125,7 +127,11 @@ class Gateway:
         self.sampling: SamplingParams | None = None
         self.iteration: int | None = None
         self.base_url = ""
-        self.counters = {"calls": 0, "errors": 0, "unauthorized": 0, "cancelled": 0, "branches": 0}
+        # An httpx transport to the server's handler in this process (GatewayServer sets it), for
+        # agents on this event loop: no socket, no HTTP parsing.
+        self.in_process: Callable[[], Any] | None = None
+        # in_process: requests that came through the in-process transport (no socket)
+        self.counters = {"calls": 0, "errors": 0, "unauthorized": 0, "cancelled": 0, "branches": 0, "in_process": 0}
 
     # ---- keys and sessions -----------------------------------------------------------------------
     def _mac(self, session_id: str) -> str:
@@ -370,4 +376,11 @@ class GatewayTurns:
         c = self._call(request_id)
         if c is None or c.cancelled:
             return TurnCut(0, "cancelled")
-        return c.matcher.cut(turn_ids, new_ids, finish_reason)
+        cut = c.matcher.cut(turn_ids, new_ids, finish_reason)
+        keep = len(new_ids) if cut is None else cut.keep
+        r = self.gw.by_request[request_id].request
+        if r is not None:  # the dispatcher keeps no more than the trajectory's budget
+            keep = max(0, min(keep, r.max_tokens - r.generated))
+        c.turn_ids = [*turn_ids, *new_ids[:keep]]  # the chunk's tokens stream out now (server.Partial)
+        c.progress.set()
+        return cut

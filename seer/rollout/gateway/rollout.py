@@ -74,7 +74,8 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
         s = run.session
         record = {"prompt": run.prompt.text, "reference": run.prompt.reference, "index": run.prompt.index}
         try:
-            run.outcome = await ctx.agents.run(AgentSession(s.id, gw.base_url, s.key, record, gw.model_name))
+            run.outcome = await ctx.agents.run(AgentSession(s.id, gw.base_url, s.key, record, gw.model_name,
+                                                              gw.in_process))
         except BaseException as e:  # the runner never raises for an agent's faults; this is ours
             run.outcome = AgentOutcome(0.0, f"agent runner failed: {e!r}", 0.0)
             if isinstance(e, asyncio.CancelledError):

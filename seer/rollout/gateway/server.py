@@ -1,10 +1,22 @@
 """The gateway's OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models.
 
-It runs on the run's event loop (uvicorn as a task beside the rollout), bound to the driver's cluster
-address, so a call becomes a turn without crossing a thread. Every answer that is not a completion is
-an OpenAI-style error object (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status:
-400 bad input, 401 no valid key, 404 unknown model or route, 409 a session that ended or is busy,
-413 a body past `gateway.max_request_bytes`. Nothing a client sends can end a session or the run.
+A lean request path, no web framework: `Api.handle` takes one call (its method, path, key, body
+reader and a future that completes when its client goes away) and answers it; two doors lead to it.
+`build_app` is a plain ASGI app for uvicorn, which runs on the run's event loop bound to the driver's
+cluster address (any process's agents reach it). `InProcessTransport` is an httpx transport that
+calls `Api.handle` directly, with no socket and no HTTP parsing on either side: agents on the
+driver's event loop (`agent.mode: loop`) get an `httpx.AsyncClient` over it (the `http_client`
+keyword, docs/agents.md). Measured in bench/results/agent_gateway/: what a call costs is mostly the
+client's side (the `openai` client's request building, an SSL context per client), not the server.
+
+Every answer that is not a completion is an OpenAI-style error object (`{"error": {"message",
+"type", "param", "code"}}`) with its HTTP status: 400 bad input, 401 no valid key, 404 unknown model
+or route, 405 a route's wrong method, 409 a session that ended or is busy, 413 a body past
+`gateway.max_request_bytes`. Nothing a client sends can end a session or the run.
+
+Streaming (`stream: true`) sends a turn's text as its chunks return (the scheduler generates a turn
+as chunks; `Call.turn_ids` grows with each), holding back what may still become a tool call, a stop
+string or EOS; the tool calls, the finish reason and the usage follow when the turn ends.
 """
 
 from __future__ import annotations
@@ -15,102 +27,105 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-
-from fastapi import Request  # module level: the handlers' annotations resolve here
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from seer.model.chat import ChatFormatError, Reply, text_of
 from seer.rollout.gateway.core import ApiError, Call, Gateway, Session, TurnResult
 
 log = logging.getLogger(__name__)
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-def _error(e: ApiError):
-    from fastapi.responses import JSONResponse
+@dataclass
+class Incoming:
+    """One HTTP call as `Api.handle` sees it, whichever door it came through."""
 
-    return JSONResponse(e.body(), status_code=e.status)
+    method: str
+    path: str
+    authorization: str | None
+    content_length: int | None  # as the client declared it (None: not declared)
+    read: Callable[[int], Awaitable[bytes]]  # the body; ApiError 413 past the byte limit it is given
+    closed: asyncio.Future  # done once the client has gone away
+
+    async def gone(self) -> bool:
+        return self.closed.done()
 
 
-def build_app(gw: Gateway):
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, StreamingResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+@dataclass
+class Answer:
+    status: int
+    body: Any = None  # a JSON body, or
+    events: AsyncIterator[str] | None = None  # server-sent events
 
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        gw.counters["errors"] += 1
-        return _error(e)
+class Api:
+    """The routes, as plain async functions of an `Incoming` call."""
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
-        gw.counters["errors"] += 1
-        kind = "not_found" if e.status_code == 404 else None
-        return _error(ApiError(e.status_code, str(e.detail), "invalid_request_error", kind))
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.routes: dict[str, tuple[str, Callable[[Incoming], Awaitable[Answer]]]] = {
+            "/v1/models": ("GET", self.models), "/v1/chat/completions": ("POST", self.chat),
+            "/v1/completions": ("POST", self.completions)}
 
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, e: Exception):  # a bug of ours: an error object, never a dead server
-        log.exception("gateway: %s %s", request.method, request.url.path)
-        gw.counters["errors"] += 1
-        return _error(ApiError(500, f"internal gateway error: {e!r}", "server_error"))
-
-    async def read_json(request: Request) -> dict:
-        limit = gw.limits.max_request_bytes
-        if int(request.headers.get("content-length") or 0) > limit:
-            raise ApiError(413, f"request body over {limit} bytes (gateway.max_request_bytes)", code="request_too_large")
-        chunks, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise ApiError(413, f"request body over {limit} bytes (gateway.max_request_bytes)",
-                               code="request_too_large")
-            chunks.append(part)
+    async def handle(self, inc: Incoming) -> Answer:
+        """The call's answer; never raises but for a cancellation."""
+        gw = self.gw
         try:
-            body = json.loads(b"".join(chunks) or b"null")
+            route = self.routes.get(inc.path.rstrip("/") or "/")
+            if route is None:
+                raise ApiError(404, "Not Found", code="not_found")
+            if inc.method != route[0]:
+                raise ApiError(405, "Method Not Allowed", code="method_not_allowed")
+            return await route[1](inc)
+        except ApiError as e:
+            gw.counters["errors"] += 1
+            return Answer(e.status, e.body())
+        except Exception as e:  # a bug of ours: an error object, never a dead server
+            log.exception("gateway: %s %s", inc.method, inc.path)
+            gw.counters["errors"] += 1
+            return Answer(500, ApiError(500, f"internal gateway error: {e!r}", "server_error").body())
+
+    async def read_json(self, inc: Incoming) -> dict:
+        limit = self.gw.limits.max_request_bytes
+        if (inc.content_length or 0) > limit:
+            raise ApiError(413, f"request body over {limit} bytes (gateway.max_request_bytes)", code="request_too_large")
+        data = await inc.read(limit)
+        try:
+            body = json.loads(data or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object", code="invalid_json")
         return body
 
-    def check_model(body: dict) -> None:
+    def check_model(self, body: dict) -> None:
+        gw = self.gw
         if body.get("model") != gw.model_name:
             raise ApiError(404, f"the model {body.get('model')!r} does not exist; this gateway serves "
                                 f"{gw.model_name!r}", code="model_not_found", param="model")
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        gw.session_of(request.headers.get("authorization"))
-        return {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": 0, "owned_by": "seer"}]}
+    async def models(self, inc: Incoming) -> Answer:
+        gw = self.gw
+        gw.session_of(inc.authorization)
+        return Answer(200, {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": 0,
+                                                        "owned_by": "seer"}]})
 
-    async def wait(request: Request, s: Session, call: Call) -> TurnResult:
-        """The call's turn; a client that goes away cancels it."""
-        try:
-            while True:
-                done, _ = await asyncio.wait({call.result}, timeout=0.25)
-                if done:
-                    return call.result.result()
-                if await request.is_disconnected():
-                    gw.cancel(s, call)
-                    raise ApiError(499, "client closed the request", code="client_closed")
-        except asyncio.CancelledError:
-            gw.cancel(s, call)
-            raise
-
-    async def checked_call(request: Request):
+    async def checked_call(self, inc: Incoming):
         """What every generating route checks first: the session's key, the body, the model, the
         sampling the run fixed, and the call's own limits."""
-        s = gw.session_of(request.headers.get("authorization"))
-        body = await read_json(request)
-        check_model(body)
-        gw.check_sampling(body)
-        max_tokens, stop = gw.call_limits(body)
+        s = self.gw.session_of(inc.authorization)
+        body = await self.read_json(inc)
+        self.check_model(body)
+        self.gw.check_sampling(body)
+        max_tokens, stop = self.gw.call_limits(body)
         return s, body, max_tokens, stop
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        s, body, max_tokens, stop = await checked_call(request)
+    async def chat(self, inc: Incoming) -> Answer:
+        gw = self.gw
+        s, body, max_tokens, stop = await self.checked_call(inc)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
@@ -131,19 +146,18 @@ def build_app(gw: Gateway):
         except ChatFormatError as e:
             raise ApiError(400, str(e), param=e.param or "messages") from None
         call = Call("chat", text, max_tokens, stop, format_stop, messages=messages, tools=tools)
-        call.gone = request.is_disconnected
+        call.gone = inc.gone
         await gw.submit(s, call)
         want_lp = bool(body.get("logprobs"))
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_stream_chat(gw, request, s, call, want_lp, usage, wait),
-                                     media_type="text/event-stream")
-        result = await wait(request, s, call)
-        return JSONResponse(chat_response(gw, result, want_lp))
+            return Answer(200, events=_stream_chat(gw, inc, s, call, want_lp, usage))
+        result = await wait(gw, inc, s, call)
+        return Answer(200, chat_response(gw, result, want_lp))
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        s, body, max_tokens, stop = await checked_call(request)
+    async def completions(self, inc: Incoming) -> Answer:
+        gw = self.gw
+        s, body, max_tokens, stop = await self.checked_call(inc)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -155,15 +169,26 @@ def build_app(gw: Gateway):
         if body.get("echo") or body.get("suffix"):
             raise ApiError(400, "echo and suffix are not served", param="echo")
         call = Call("completion", prompt, max_tokens, stop, ())
-        call.gone = request.is_disconnected
+        call.gone = inc.gone
         await gw.submit(s, call)
+        want_lp = lp is not None and lp is not False
         if body.get("stream"):
-            return StreamingResponse(_stream_completion(gw, request, s, call, lp is not None, wait),
-                                     media_type="text/event-stream")
-        result = await wait(request, s, call)
-        return JSONResponse(completion_response(gw, result, lp is not None and lp is not False))
+            return Answer(200, events=_stream_completion(gw, inc, s, call, want_lp))
+        result = await wait(gw, inc, s, call)
+        return Answer(200, completion_response(gw, result, want_lp))
 
-    return app
+
+async def wait(gw: Gateway, inc: Incoming, s: Session, call: Call) -> TurnResult:
+    """The call's turn; a client that goes away (or a caller cancelled) cancels it."""
+    try:
+        await asyncio.wait({call.result, inc.closed}, return_when=asyncio.FIRST_COMPLETED)
+        if not call.result.done():
+            gw.cancel(s, call)
+            raise ApiError(499, "client closed the request", code="client_closed")
+        return call.result.result()
+    except asyncio.CancelledError:
+        gw.cancel(s, call)
+        raise
 
 
 def _finish(result: TurnResult, reply: Reply | None) -> str:
@@ -217,52 +242,254 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _stream_chat(gw: Gateway, request, s: Session, call: Call, logprobs: bool, usage: bool,
-                       wait) -> AsyncIterator[str]:
-    """Server-sent events of one turn. The turn is delivered whole when it ends (a turn is generated
-    in chunks wherever the scheduler puts them), then the finish and, if asked, the usage."""
+class Partial:
+    """The text of a turn in progress that is safe to send: what no later token can take back. It
+    stops before anything that may still become a tool call (the format's `call_starts`), a stop
+    string or EOS, and holds back a tail that may begin one, trailing whitespace (a parser may strip
+    it) and an incomplete character. None: nothing can be sent early (a format whose tool calls have
+    no known start, or log-probs asked, which go out per token at the end)."""
+
+    def __init__(self, gw: Gateway, call: Call, logprobs: bool) -> None:
+        starts = gw.fmt.call_starts(call.tools) if call.kind == "chat" else ()
+        self.gw, self.call = gw, call
+        self.off = logprobs or starts is None
+        self.marks = tuple(m for m in (*(starts or ()), *call.stop, *call.format_stop, gw.eos_text) if m)
+
+    def text(self) -> str:
+        if self.off or not self.call.turn_ids:
+            return ""
+        text = self.gw.decode_all(self.call.turn_ids)
+        cut = min((i for i in (text.find(m) for m in self.marks) if i >= 0), default=len(text))
+        text = text[:cut]
+        for m in self.marks:  # a tail that may be the start of a marker
+            for k in range(min(len(m) - 1, len(text)), 0, -1):
+                if text.endswith(m[:k]):
+                    text = text[:-k]
+                    break
+        return text.rstrip().rstrip("\ufffd")
+
+
+async def _progress(gw: Gateway, inc: Incoming, s: Session, call: Call, partial: Partial) -> AsyncIterator[str]:
+    """Text deltas of the turn as its chunks return, until it ends (then `wait` gives its result)."""
+    sent = ""
+    while not call.result.done() and not partial.off:
+        call.progress.clear()
+        ticked = asyncio.ensure_future(call.progress.wait())
+        try:
+            await asyncio.wait({call.result, inc.closed, ticked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ticked.cancel()
+        if inc.closed.done() or call.result.done():
+            return
+        text = partial.text()
+        if len(text) > len(sent) and text.startswith(sent):
+            yield text[len(sent):]
+            sent = text
+
+
+def _rest(final: str, sent: str, where: str) -> str:
+    if final.startswith(sent):
+        return final[len(sent):]
+    log.warning("gateway: a streamed %s's final text does not continue what was sent early", where)
+    return ""
+
+
+async def _stream_chat(gw: Gateway, inc: Incoming, s: Session, call: Call, logprobs: bool,
+                       usage: bool) -> AsyncIterator[str]:
+    """Server-sent events of one turn: its content as the turn's chunks return, then the rest of
+    the reply (its tool calls), the finish and, if asked, the usage."""
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(delta: dict, finish: str | None = None, lp=None, **extra) -> str:
         return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": gw.model_name,
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}], **extra})
 
+    done = False
     try:
-        result = await wait(request, s, call)
-    except ApiError as e:
-        yield _sse(e.body())
+        yield chunk({"role": "assistant", "content": ""})
+        sent = ""
+        async for piece in _progress(gw, inc, s, call, Partial(gw, call, logprobs)):
+            sent += piece
+            yield chunk({"content": piece})
+        try:
+            result = await wait(gw, inc, s, call)
+        except ApiError as e:
+            done = True
+            yield _sse(e.body())
+            yield "data: [DONE]\n\n"
+            return
+        reply = result.reply or Reply(result.text)
+        rest = _rest(reply.content, sent, "reply")
+        if rest or (logprobs and result.ids):
+            yield chunk({"content": rest}, lp=_chat_logprobs(gw, result) if logprobs else None)
+        if reply.tool_calls:
+            yield chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
+                                         "function": {"name": c.name, "arguments": c.arguments}}
+                                        for i, c in enumerate(reply.tool_calls)]})
+        yield chunk({}, _finish(result, reply))
+        if usage:
+            yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": gw.model_name,
+                        "choices": [], "usage": _usage(result)})
+        done = True
         yield "data: [DONE]\n\n"
-        return
-    reply = result.reply or Reply(result.text)
-    yield chunk({"role": "assistant", "content": ""})
-    if reply.content:
-        yield chunk({"content": reply.content}, lp=_chat_logprobs(gw, result) if logprobs else None)
-    if reply.tool_calls:
-        yield chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
-                                     "function": {"name": c.name, "arguments": c.arguments}}
-                                    for i, c in enumerate(reply.tool_calls)]})
-    yield chunk({}, _finish(result, reply))
-    if usage:
-        yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": gw.model_name,
-                    "choices": [], "usage": _usage(result)})
-    yield "data: [DONE]\n\n"
+    finally:
+        if not done:  # the client stopped reading: its turn stops
+            gw.cancel(s, call)
 
 
-async def _stream_completion(gw: Gateway, request, s: Session, call: Call, logprobs: bool, wait) -> AsyncIterator[str]:
+async def _stream_completion(gw: Gateway, inc: Incoming, s: Session, call: Call, logprobs: bool) -> AsyncIterator[str]:
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def piece(text: str, finish: str | None = None, lp=None) -> str:
+        return _sse({"id": cid, "object": "text_completion", "created": created, "model": gw.model_name,
+                     "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
+
+    done = False
     try:
-        result = await wait(request, s, call)
-    except ApiError as e:
-        yield _sse(e.body())
+        sent = ""
+        async for text in _progress(gw, inc, s, call, Partial(gw, call, logprobs)):
+            sent += text
+            yield piece(text)
+        try:
+            result = await wait(gw, inc, s, call)
+        except ApiError as e:
+            done = True
+            yield _sse(e.body())
+            yield "data: [DONE]\n\n"
+            return
+        body = completion_response(gw, result, logprobs)
+        choice = body["choices"][0]
+        yield piece(_rest(result.text, sent, "completion"), choice["finish_reason"], choice["logprobs"])
+        done = True
         yield "data: [DONE]\n\n"
-        return
-    body = completion_response(gw, result, logprobs)
-    body["object"] = "text_completion"
-    yield _sse(body)
-    yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            gw.cancel(s, call)
+
+
+# ---- the doors: ASGI for uvicorn, an httpx transport in this process ---------------------------
+
+def build_app(gw: Gateway):
+    """A plain ASGI app over `Api` (uvicorn serves it)."""
+    api = Api(gw)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":  # uvicorn runs with lifespan off; a server that sends it gets answers
+            for kind in ("startup", "shutdown"):
+                await receive()
+                await send({"type": f"lifespan.{kind}.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        headers = dict(scope["headers"])
+        closed = asyncio.get_running_loop().create_future()
+        watch: asyncio.Task | None = None
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not closed.done():
+                closed.set_result(None)
+
+        async def read(limit: int) -> bytes:
+            nonlocal watch
+            chunks, size = [], 0
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    closed.set_result(None)
+                    raise ApiError(499, "client closed the request", code="client_closed")
+                part = msg.get("body", b"")
+                size += len(part)
+                if size > limit:
+                    raise ApiError(413, f"request body over {limit} bytes (gateway.max_request_bytes)",
+                                   code="request_too_large")
+                chunks.append(part)
+                if not msg.get("more_body"):
+                    break
+            watch = asyncio.ensure_future(watch_disconnect())
+            return b"".join(chunks)
+
+        length = headers.get(b"content-length")
+        auth = headers.get(b"authorization")
+        inc = Incoming(scope["method"], scope["path"], auth.decode("latin-1") if auth is not None else None,
+                       int(length) if length and length.isdigit() else None, read, closed)
+        try:
+            ans = await api.handle(inc)
+            if ans.events is None:
+                data = json.dumps(ans.body).encode()
+                await send({"type": "http.response.start", "status": ans.status,
+                            "headers": [*JSON_HEADERS, (b"content-length", str(len(data)).encode())]})
+                await send({"type": "http.response.body", "body": data})
+                return
+            await send({"type": "http.response.start", "status": ans.status, "headers": SSE_HEADERS})
+            try:
+                async for event in ans.events:
+                    if closed.done():
+                        break
+                    await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+            finally:
+                await ans.events.aclose()
+            if not closed.done():
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    return app
+
+
+def in_process_transport(api: Api):
+    """An httpx transport that hands each request to `api` in the caller's task: no socket, no HTTP
+    parsing. A read timeout the client sets cancels the call, as a client that goes away would."""
+    import httpx
+
+    class Events(httpx.AsyncByteStream):
+        """A streamed answer's events; closing it is the client going away."""
+
+        def __init__(self, events: AsyncIterator[str], closed: asyncio.Future) -> None:
+            self.events, self.closed = events, closed
+
+        async def __aiter__(self):
+            async for event in self.events:
+                yield event.encode()
+
+        async def aclose(self) -> None:
+            if not self.closed.done():
+                self.closed.set_result(None)
+            await self.events.aclose()
+
+    class InProcessTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            content = await request.aread()
+            closed = asyncio.get_running_loop().create_future()
+
+            async def read(limit: int) -> bytes:
+                if len(content) > limit:
+                    raise ApiError(413, f"request body over {limit} bytes (gateway.max_request_bytes)",
+                                   code="request_too_large")
+                return content
+
+            inc = Incoming(request.method, request.url.path, request.headers.get("authorization"), len(content),
+                           read, closed)
+            api.gw.counters["in_process"] += 1
+            timeout = (request.extensions.get("timeout") or {}).get("read")
+            try:  # a timeout cancels the call's turn (Api.handle's `wait` does)
+                async with asyncio.timeout(timeout):
+                    ans = await api.handle(inc)
+            except TimeoutError:
+                raise httpx.ReadTimeout("the gateway's answer took longer than the client's read timeout",
+                                        request=request) from None
+            if ans.events is None:
+                return httpx.Response(ans.status, headers=JSON_HEADERS, content=json.dumps(ans.body).encode(),
+                                      request=request)
+            return httpx.Response(ans.status, headers=SSE_HEADERS, stream=Events(ans.events, closed), request=request)
+
+    return InProcessTransport()
 
 
 class GatewayServer:
-    """uvicorn serving `build_app(gw)` on the run's event loop."""
+    """uvicorn serving `build_app(gw)` on the run's event loop; also sets `gw.in_process`."""
 
     def __init__(self, gw: Gateway, host: str, port: int | None = None) -> None:
         self.gw, self.host, self.port = gw, host, port
@@ -287,13 +514,17 @@ class GatewayServer:
         host, port = sock.getsockname()[:2]
         self.port = port
         self.gw.base_url = f"http://{host}:{port}/v1"
+        api = Api(self.gw)
+        self.gw.in_process = lambda: in_process_transport(api)
         return self.gw.base_url
 
     async def close(self) -> None:
+        self.gw.in_process = None
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await asyncio.gather(self._task, return_exceptions=True)
             self._server = self._task = None
 
 
-__all__ = ["GatewayServer", "build_app", "chat_response", "completion_response", "text_of"]
+__all__ = ["Api", "GatewayServer", "build_app", "chat_response", "completion_response", "in_process_transport",
+           "text_of"]

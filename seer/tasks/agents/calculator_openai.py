@@ -15,10 +15,11 @@ from seer.tasks.agents.calculator_tool import CALC_TOOL, CalculatorTool
 
 
 async def agent(base_url: str, api_key: str, session_id: str, record: dict, model: str | None = None,
-                latency_median_s: float = 0.08, latency_sigma: float = 0.7) -> float:
+                latency_median_s: float = 0.08, latency_sigma: float = 0.7, http_client=None) -> float:
     calc = CalculatorTool(record["reference"], latency_median_s, latency_sigma)
     messages = [{"role": "user", "content": record["prompt"]}]
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+    # http_client: the runner's client for the gateway (with agent.mode: loop, no socket); None outside a run
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client) as client:
         model = model or (await client.models.list()).data[0].id  # the one model the gateway serves
         while True:
             reply = await client.chat.completions.create(model=model, messages=messages, tools=[CALC_TOOL])
