@@ -254,6 +254,8 @@ def run_arm(fam: Family, lr: float, iterations: int, runs: Path, logs: Path, tim
     log(f"{tag}: {shlex.join(cmd)}")
     t0 = time.monotonic()
     seen = 0
+    # an earlier run's records, until seer-run's --overwrite clears the folder, are not this run's
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     with (logs / f"{tag}.log").open("w") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
