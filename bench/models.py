@@ -1,13 +1,15 @@
 """Each model family end to end: log-prob mismatch, train step time, and learning against lr=0.
 
-For each family's preset (Qwen2 = the embedded default, Qwen3, Llama 3; the untrained tiny
-Qwen3-MoE for mismatch and step time only, since learning needs a warm start and no warm MoE
-preset exists) this runs `seer-run --sync` for a few iterations at the embedded models' lr and
+For each family's warm-started preset (Qwen2 = the embedded default, Qwen3, Llama 3, Qwen3-MoE)
+this runs `seer-run --sync` for a few iterations at the embedded models' lr and
 again at lr=0 (the control: same rollouts, weights never move), and records per family the
 train-inference log-prob mismatch (iteration 0's, and every iteration's), the trainer's step time,
 the reward per iteration of both arms and each run's wall time.
 
-    python -m bench.models [--iterations 5] [--families qwen2,qwen3,llama3,qwen3-moe]   (seer-bench models)
+    python -m bench.models [--iterations 5] [--families qwen2,qwen3,llama3,qwen3-moe] [--merge]   (seer-bench models)
+
+`--merge` re-records only the named families and keeps the other rows of the recorded models.json
+(each row says the commit and date it was measured at).
 
 It starts vLLM instances, Ray and the trainer: run it alone (on the shared box: `/work/heavy`).
 Writes bench/results/models/families/: models.json, models.md, rewards.png, and logs/ (this
@@ -50,9 +52,7 @@ FAMILIES = {
     "qwen2": Family("qwen2", "default"),
     "qwen3": Family("qwen3", "qwen3"),
     "llama3": Family("llama3", "llama3"),
-    # Untrained: its random policy rarely emits EOS, so responses are capped at 256 tokens.
-    "qwen3-moe": Family("qwen3-moe", "tiny-qwen3-moe", learns=False, sets=("rollout.max_tokens=256",),
-                        note="untrained (no warm-started MoE preset exists): mismatch and step time only"),
+    "qwen3-moe": Family("qwen3-moe", "qwen3-moe"),
 }
 
 
@@ -119,6 +119,14 @@ def family_row(fam: Family, lr: float, trained: dict, control: dict | None) -> d
     return row
 
 
+def merge_rows(old: dict, new: list[dict]) -> list[dict]:
+    """The recorded doc's rows with the families of `new` replaced (or added at the end); a kept
+    row without its own commit and date takes its doc's, so every row says when it was measured."""
+    fresh = {r["family"]: r for r in new}
+    rows = [fresh.pop(r["family"], None) or {"commit": old["commit"], "date": old["date"], **r} for r in old["families"]]
+    return rows + list(fresh.values())
+
+
 def _mean_finite(v: list[float]) -> float | None:
     v = [x for x in v if x is not None and not math.isnan(x)]
     return sum(v) / len(v) if v else None
@@ -161,6 +169,13 @@ def markdown(doc: dict) -> str:
              "| family | preset | iter 0 mismatch mean / max | all iterations mismatch mean / max | train step s | "
              "reward gain trained / lr=0 | last reward trained - lr=0 | wall s trained / lr=0 |",
              "|---|---|---|---|---|---|---|---|"]
+    measured = {}
+    for r in doc["families"]:
+        measured.setdefault((r.get("commit", doc["commit"]), r.get("date", doc["date"])), []).append(r["family"])
+    if len(measured) > 1:  # a --merge: say which rows came from which run
+        lines[2] = "Rows measured at different commits: " + "; ".join(
+            f"{', '.join(fams)} at {c} ({d})" for (c, d), fams in measured.items()
+        ) + f". The latest run: {lines[2]}"
     for r in doc["families"]:
         c = r.get("control")
         lines.append(
@@ -239,6 +254,8 @@ def run_arm(fam: Family, lr: float, iterations: int, runs: Path, logs: Path, tim
     log(f"{tag}: {shlex.join(cmd)}")
     t0 = time.monotonic()
     seen = 0
+    # an earlier run's records, until seer-run's --overwrite clears the folder, are not this run's
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     with (logs / f"{tag}.log").open("w") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -294,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds one seer-run may take before it is stopped")
     p.add_argument("--runs", type=Path, default=Path("/tmp/seer-bench-models"), help="where the runs' directories go")
     p.add_argument("--out", type=Path, default=OUT, help="folder for models.json, models.md, rewards.png and logs/")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the recorded rows (models.json in --out) of the families not run this time")
     p.add_argument("--replot", action="store_true",
                    help="run nothing: rewrite models.md and rewards.png from the recorded models.json in --out")
     args = p.parse_args(argv)
@@ -316,7 +335,10 @@ def main(argv: list[str] | None = None) -> None:
     for fam in fams:
         trained = run_arm(fam, args.lr, args.iterations, args.runs, logs, args.timeout, log)
         control = run_arm(fam, 0.0, args.iterations, args.runs, logs, args.timeout, log) if fam.learns else None
-        rows.append(family_row(fam, args.lr, trained, control))
+        rows.append({**family_row(fam, args.lr, trained, control), "commit": commit,
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    if args.merge and (args.out / "models.json").is_file():
+        rows = merge_rows(json.loads((args.out / "models.json").read_text()), rows)
     command = "python -m bench.models" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     doc = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit, "dirty": dirty,
            "machine": f"{os.cpu_count()} cores, shared", "iterations": args.iterations, "lr": args.lr,

@@ -3,7 +3,7 @@
 import json
 import math
 
-from bench.models import FAMILIES, family_row, markdown, summarize
+from bench.models import FAMILIES, Family, family_row, markdown, merge_rows, summarize
 
 
 def record(it: int, reward: float, mm: float | None, mx: float | None, train_s: float | None = 2.0) -> dict:
@@ -40,7 +40,7 @@ def test_family_row_takes_iteration_zero_the_extremes_and_both_arms_gains():
 def test_markdown_shows_the_numbers_and_says_which_runs_failed_or_did_not_run():
     ok = family_row(FAMILIES["qwen2"], 2e-4, arm([record(0, 0.2, 3.5e-7, 5.46e-5), record(1, 0.4, 1e-7, 1e-5)], 2e-4),
                     arm([record(0, 0.2, 3e-7, 5e-5), record(1, 0.2, 3e-7, 5e-5)], 0.0))
-    moe = family_row(FAMILIES["qwen3-moe"], 2e-4, arm([], 2e-4, rc=1), None)
+    moe = family_row(Family("qwen3-moe", "tiny-qwen3-moe", learns=False), 2e-4, arm([], 2e-4, rc=1), None)
     doc = {"command": "python -m bench.models", "commit": "abc1234", "dirty": False, "date": "today", "wall_s": 600.0,
            "load_start": [1.0, 2.0, 3.0], "load_end": [1.5, 2.5, 3.5], "machine": "2 cores", "iterations": 2,
            "lr": 2e-4, "common_sets": ["rollout.group_size=8"], "families": [ok, moe]}
@@ -49,3 +49,19 @@ def test_markdown_shows_the_numbers_and_says_which_runs_failed_or_did_not_run():
     assert "| qwen2 | 0.200 → 0.400 | 0.200 → 0.200 |" in md
     assert "| qwen3-moe | failed (rc 1) | not run (untrained model) |" in md
     assert "the trained run failed (rc 1): `boom`" in md and "1.00 / 2.00 / 3.00" in md
+
+
+def test_merge_replaces_the_rerun_families_keeps_the_others_and_the_table_says_which_commit_each_came_from():
+    row = lambda fam, reward: family_row(FAMILIES[fam], 2e-4, arm([record(0, reward, 3e-7, 5e-5)], 2e-4),
+                                         arm([record(0, reward, 3e-7, 5e-5)], 0.0))
+    old = {"commit": "old1234", "date": "yesterday", "families": [row("qwen2", 0.2), row("llama3", 0.0)]}
+    new = [{**row("llama3", 0.3), "commit": "new5678", "date": "today"},
+           {**row("qwen3-moe", 0.25), "commit": "new5678", "date": "today"}]
+    rows = merge_rows(old, new)
+    assert [(r["family"], r["commit"]) for r in rows] == [("qwen2", "old1234"), ("llama3", "new5678"),
+                                                          ("qwen3-moe", "new5678")]
+    assert rows[1]["trained"]["summary"]["reward"] == [0.3]
+    doc = {"command": "python -m bench.models --families llama3,qwen3-moe --merge", "commit": "new5678", "dirty": False,
+           "date": "today", "wall_s": 600.0, "load_start": [1.0, 2.0, 3.0], "load_end": [1.5, 2.5, 3.5],
+           "machine": "2 cores", "iterations": 1, "lr": 2e-4, "common_sets": [], "families": rows}
+    assert "Rows measured at different commits: qwen2 at old1234 (yesterday); llama3, qwen3-moe at new5678 (today)." in markdown(doc)
