@@ -39,6 +39,7 @@ COMMANDS = {
     "weight-push": ("bench.weight_push", "weight push per instance: shared directory vs Ray delivery, one node vs two"),
     "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
     "models-warm-start": ("bench.models_warm_start", "the tiny warm start per model family, with and without offset heads"),
+    "models-moe": ("bench.models_moe", "Qwen3-MoE: log-prob mismatch and routing differences with and without R3, pool moves (long)"),
     "trainer-tree": ("bench.trainer_tree", "padded vs packed vs prefix-tree micro-batches: tokens, step time, gradients"),
     "routing-capture": ("bench.routing_capture", "MoE routing replay: capture cost per engine step and per token, router disagreement"),
     "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),

@@ -62,6 +62,9 @@ class TrainerConfig:
     # MoE routing replay (R3): the instances record each token's experts and the trainer's routers
     # replay them (docs/models.md); refused for a dense model
     routing_replay: bool = False
+    # MoE: capture the rollout's routing without replaying it, for the moe_routing_differ_* metrics
+    # (how far the trainer's router is from the engine's); routing_replay captures it anyway
+    routing_capture: bool = False
     # A folder (tests, debugging R3): each rank writes per step the experts its routers used for every
     # trained token beside the sample's routing (routing_used_<version>_<rank>.jsonl); None: nothing
     routing_record_dir: str | None = None
@@ -91,6 +94,11 @@ class TrainerConfig:
                              f"got {self.placement_strategy!r}")
         if self.cpus_per_rank < 0 or self.gpus_per_rank < 0 or self.cpus_per_rank + self.gpus_per_rank == 0:
             raise ValueError("trainer.cpus_per_rank and gpus_per_rank must be >= 0, not both 0")
+
+    @property
+    def captures_routing(self) -> bool:
+        """Whether the instances record each token's experts (replayed, or only measured)."""
+        return self.routing_replay or self.routing_capture
 
     @property
     def world_size(self) -> int:

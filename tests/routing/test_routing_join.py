@@ -215,6 +215,10 @@ def test_routing_replay_is_refused_for_a_dense_checkpoint_and_accepted_for_an_mo
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
     with pytest.raises(ConfigError, match="routing_replay: true needs a mixture-of-experts model.*dense qwen2"):
         _check_routing_replay(tmp_path)
+    # capturing without replay (the routing-difference metrics) starts the same capture
+    assert TrainerConfig(routing_capture=True).captures_routing and not TrainerConfig().captures_routing
+    with pytest.raises(ConfigError, match="routing_capture: true needs a mixture-of-experts model"):
+        _check_routing_replay(tmp_path, "routing_capture")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
     _check_routing_replay(tmp_path)
 
