@@ -275,9 +275,10 @@ def _prefix_routing(seq: TrainSequence, layers: int = 2, experts: int = 8) -> to
     return torch.tensor(rows)
 
 
-def test_moe_with_routing_replay_trains_packed_and_tree_with_the_padded_gradients(tiny_moe):
+def test_moe_with_routing_replay_trains_packed_and_tree_with_the_padded_gradients(tiny_moe, tmp_path):
     """An MoE model trains in the default tree layout (and packed) with routing replay and a KL
-    reference model: gradients, losses and router metrics equal the padded path's."""
+    reference model: gradients, losses and router metrics equal the padded path's; the experts its
+    routers used (trainer.routing_record_dir) are the given routing's for every trained token."""
     from seer.trainer.trainer import Trainer
     from tests.trainer.test_packing import ATOL, RTOL, _step, group_seqs
 
@@ -299,6 +300,19 @@ def test_moe_with_routing_replay_trains_packed_and_tree_with_the_padded_gradient
             assert m.extra[key] == pytest.approx(m0.extra[key], rel=1e-6, abs=1e-9), (layout, key)
         torch.testing.assert_close(torch.tensor(m.extra["moe_expert_load"]), torch.tensor(m0.extra["moe_expert_load"]))
     assert m.extra["tree_token_ratio"] < m0.extra["tree_token_ratio"]  # the tree shared the prompts
+    trainer.config.routing_record_dir = str(tmp_path)
+    try:
+        _step(trainer, seqs, "tree", "token-mean")
+    finally:
+        trainer.config.routing_record_dir = None
+    import json
+
+    rows = [json.loads(x) for x in (tmp_path / "routing_used_0001_0.jsonl").read_text().splitlines()]
+    assert sorted((r["prompt_ids"], r["response_ids"]) for r in rows) == sorted((s.prompt_ids, s.response_ids)
+                                                                              for s in seqs)
+    for r in rows:
+        n = len(r["prompt_ids"]) + len(r["response_ids"]) - 1
+        assert r["batch_layout"] == "tree" and len(r["used"]) == n and r["used"] == r["rollout"]
     # the replay is what the gradients follow: the router's own routing gives other gradients
     m_free, g_free = _step(trainer, _with_routing(plain, [_own_routing(trainer.model, s) for s in plain]), "tree",
                            "token-mean")
