@@ -47,6 +47,8 @@ def moe_run(tmp_path_factory) -> MoERun:
             "task.reward": "tests.plugins_for_tests:reward_by_length",
             "rollout.groups_per_iteration": GROUPS, "rollout.group_size": G, "rollout.max_tokens": 200,
             "scheduler.chunk_size": 64, "scheduler.policy": MOVE, "kvpool.capacity_bytes": 16 * 2**20,
+            # one chunk at a time per instance: a group's later first chunks find its prompt computed
+            "scheduler.max_running": 1,
             "trainer.routing_replay": "true", "trainer.kl_coef": 0.05, "trainer.lr": 1e-2,
             "trainer.routing_record_dir": str(record_dir)}
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "2", "--run-dir", str(run_dir)]
