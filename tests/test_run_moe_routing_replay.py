@@ -44,7 +44,7 @@ def moe_run(tmp_path_factory) -> MoERun:
     run_dir, record_dir = tmp / "run", tmp / "routing"
     sets = {"model.preset": "tiny-qwen3-moe", "task.loader": "tests.plugins_for_tests:long_prompts",
             "task.loader_args": json.dumps({"n": GROUPS * 2, "chars": 150}),
-            "task.reward": "tests.plugins_for_tests:reward_by_length",
+            "task.reward": "tests.plugins_for_tests:reward_by_checksum",
             "rollout.groups_per_iteration": GROUPS, "rollout.group_size": G, "rollout.max_tokens": 200,
             "scheduler.chunk_size": 64, "scheduler.policy": MOVE, "kvpool.capacity_bytes": 16 * 2**20,
             # one chunk at a time per instance: a group's later first chunks find its prompt computed
