@@ -26,7 +26,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
-BASE = {"model.preset": "tiny-qwen3-moe", "rollout.groups_per_iteration": 4, "rollout.group_size": 4,
+# the untrained model earns no reward on the built-in task: a checksum reward gives every group a
+# spread, so each loss (GSPO, the correction) has advantages to work with
+BASE = {"model.preset": "tiny-qwen3-moe", "task.reward": "tests.plugins_for_tests:reward_by_checksum",
+        "rollout.groups_per_iteration": 4, "rollout.group_size": 4,
         "rollout.max_tokens": 256, "scheduler.chunk_size": 64, "kvpool.capacity_bytes": 64 * 2**20}
 MOVING = {"scheduler.policy": MOVE}
 STAYING = {"kvpool.enabled": "false"}
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "models_moe.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = ["# Qwen3-MoE: one GRPO iteration with and without routing replay", "",
              f"`{command}` at {commit}, {doc['date']}. The untrained tiny-qwen3-moe preset (2 MoE layers, "
-             "8 experts, top-2; float32 in vLLM and the trainer), 4 groups of 4, up to 256 tokens, chunks of 64, "
+             "8 experts, top-2; float32 in vLLM and the trainer), the built-in task's prompts with a checksum reward "
+             "(tests/plugins_for_tests.py), 4 groups of 4, up to 256 tokens, chunks of 64, "
              "two instances; one `seer-run --sync` iteration per row (tree layout). Mismatch: |trainer - vLLM| "
              "log-prob per trained token before the update. Differ: the trainer's own router against the "
              "rollout's experts (before any replay).", "",
