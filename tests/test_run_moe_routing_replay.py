@@ -70,8 +70,8 @@ def test_moe_run_trains_in_the_tree_layout_with_weights_pushed_in_place_and_vers
     assert all(r["grad_norm"] > 0 and r["tree_token_ratio"] < 1 for r in recs)  # the tree shared the prompts
     for r in recs:  # vLLM's Qwen3-MoE and Megatron's compute the same log-probs on the replayed experts
         assert r["logprob_mismatch_mean"] < MISMATCH_MEAN and r["logprob_mismatch_max"] < MISMATCH_MAX, r
-    # the reference model (the initial weights) replays the same experts: no KL before any update
-    assert recs[0]["kl"] < 1e-6 and recs[1]["kl"] > recs[0]["kl"]
+    # the reference model ran on the same (replayed) batches: the second mini-batch's KL after the first's update
+    assert all(r["kl"] > 0 for r in recs)
     pushed = sorted((moe_run.run_dir / "weights").iterdir())
     assert pushed and json.loads((pushed[-1] / "config.json").read_text())["model_type"] == "qwen3_moe"
 
@@ -94,7 +94,12 @@ def test_routing_the_trainer_used_is_the_rollouts_for_every_token_of_moved_chunk
             assert row["used"] == row["rollout"]  # every token, every layer: the rollout's experts
 
 
-def test_moe_routing_metrics_are_recorded(moe_run):
+def test_the_trainers_own_router_agrees_with_the_joined_routing(moe_run):
+    """The differ metric is recorded; and since both sides compute in float32 (vLLM's capture equals
+    transformers' router there: bench/results/routing), the trainer's own router, on the weights
+    that sampled, picks the rollout's experts for (almost) every token: an independent check that
+    the driver joined each loaded token's routing from the right computation (a misaligned or
+    mismatched row would differ for most tokens: two random top-2 sets of 8 agree 1 time in 28)."""
     for r in moe_run.records:
-        assert 0.0 <= r["moe_routing_differ_decisions"] <= r["moe_routing_differ_tokens"] <= 1.0, r
+        assert 0.0 <= r["moe_routing_differ_decisions"] <= r["moe_routing_differ_tokens"] <= 0.01, r
         assert r["moe_load_max"] >= 1.0 and len(r["moe_expert_load"]) == 2

@@ -224,6 +224,15 @@ def replay(model: torch.nn.Module, routing: torch.Tensor | None):
 # ---- metrics -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Measure:
+    """What one forward of the policy adds to its RouterStats."""
+
+    load: bool = False  # expert load and router entropy (the training forwards)
+    differ: bool = False  # own top-k vs the rollout's experts: only on the weights that sampled (pre-update)
+    record: bool = False  # keep the experts used per forward token (trainer.routing_record_dir)
+
+
 class RouterStats:
     """Per-iteration expert load, router entropy and routing disagreement, per sample token.
 
@@ -231,16 +240,17 @@ class RouterStats:
     ones under R3) and recompute the router's own float32 logits from its input, for the entropy
     and for its own top-k, which is compared with the rollout's experts where the micro-batch has
     them (``moe_routing_differ_*``: how far the trainer's router is from the engine's, whether or
-    not replay then overrides it). The trainer opens ``micro_batch(slots)`` around the training
-    forwards it wants counted; with ``record`` the experts actually used are kept per forward
-    token (``used``) for the replay check (trainer.routing_record_dir).
+    not replay then overrides it). The trainer opens ``micro_batch(slots, measure)`` around the
+    forwards it wants counted, saying what each counts (``Measure``: the routers' own choice is
+    compared only on the weights that sampled); with ``record`` the experts actually used are kept
+    per forward token (``used``) for the replay check (trainer.routing_record_dir).
     """
 
     def __init__(self, model: torch.nn.Module, num_experts: int) -> None:
         self.num_experts = num_experts
         self.routers = routers(model)
         self._slots: TokenSlots | None = None
-        self._record = False
+        self._measure = Measure()
         self.used: list[torch.Tensor | None] = [None] * len(self.routers)
         self.reset()
         self._hooks = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
@@ -256,35 +266,36 @@ class RouterStats:
 
     def _hook(self, layer: int):
         def hook(router, inputs, output):
-            slots = self._slots
+            slots, measure = self._slots, self._measure
             if slots is None:
                 return
             with torch.no_grad():
                 hidden = inputs[0]
                 logits = hidden.reshape(-1, hidden.shape[-1]).float() @ router.weight.float().t()
-                p = torch.softmax(logits, dim=-1)
-                ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
                 routing_map = output[1].detach().cpu()
-                w = slots.count_all
-                self.load[layer] += (routing_map.double() * w.unsqueeze(1)).sum(0)
-                self.entropy_sum[layer] += float((ent.double().cpu() * w).sum())
-                self.tokens[layer] += float(w.sum())
-                if slots.given is not None:
+                if measure.load:
+                    p = torch.softmax(logits, dim=-1)
+                    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+                    w = slots.count_all
+                    self.load[layer] += (routing_map.double() * w.unsqueeze(1)).sum(0)
+                    self.entropy_sum[layer] += float((ent.double().cpu() * w).sum())
+                    self.tokens[layer] += float(w.sum())
+                if measure.differ and slots.given is not None:
                     k = slots.given.shape[-1]
                     own = logits.topk(k, dim=-1).indices.sort(-1).values.cpu()
                     rollout = slots.given[:, layer].sort(-1).values
                     differs = (own != rollout).any(-1)
                     self.differ[2] += float((differs.double() * slots.count_read).sum())
                     self._any = differs if self._any is None else self._any | differs
-                if self._record:
+                if measure.record:
                     k = int(routing_map[0].sum()) if routing_map.shape[0] else 0
                     self.used[layer] = routing_map.nonzero()[:, 1].view(-1, k)
         return hook
 
     @contextlib.contextmanager
-    def micro_batch(self, slots: TokenSlots, record: bool = False):
-        """Count the forwards inside the block (one forward of the micro-batch `slots` describes)."""
-        self._slots, self._record, self._any = slots, record, None
+    def micro_batch(self, slots: TokenSlots, measure: Measure):
+        """Count the forward inside the block (of the micro-batch `slots` describes) as `measure` says."""
+        self._slots, self._measure, self._any = slots, measure, None
         self.used = [None] * len(self.routers)
         try:
             yield
@@ -292,7 +303,7 @@ class RouterStats:
             if self._any is not None:
                 self.differ[0] += float(slots.count_read.sum())
                 self.differ[1] += float((self._any.double() * slots.count_read).sum())
-            self._slots, self._record, self._any = None, False, None
+            self._slots, self._measure, self._any = None, Measure(), None
 
     def all_reduce(self, group) -> None:
         import torch.distributed as dist
@@ -440,10 +451,10 @@ def equalize_micro_batches(mbs: list, group, device, pad_id: int = 0) -> list:
     return [pad_micro_batch(mb, int(r), int(w), pad_id) for mb, (r, w) in zip(mbs, shapes.tolist())]
 
 
-def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterStats | None, record: bool = False):
+def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterStats | None,
+                  measure: Measure = Measure()):
     """The context a forward of an MoE model runs in: routing replay from ``mb.routing`` when on,
-    router statistics when `stats` is given (the policy's training forwards; `record`: keep the
-    experts used)."""
+    router statistics as `measure` says when `stats` is given (the policy's forwards)."""
     stack = contextlib.ExitStack()
     if replay_on:
         real = mb.lengths is None or int(mb.lengths.sum()) > 0
@@ -451,8 +462,8 @@ def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterS
             raise ValueError("trainer.routing_replay is on but a sequence has no routing (Sample.routing): the "
                              "rollout must capture the experts it chose")
         stack.enter_context(replay(model, mb.routing))
-    if stats is not None and mb.lengths is not None:
-        stack.enter_context(stats.micro_batch(TokenSlots.of(mb), record))
+    if stats is not None and mb.lengths is not None and measure != Measure():
+        stack.enter_context(stats.micro_batch(TokenSlots.of(mb), measure))
     return stack
 
 

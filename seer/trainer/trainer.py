@@ -248,14 +248,14 @@ class Trainer:
 
     # ---- forward helpers -------------------------------------------------------------------
 
-    def _moe_scope(self, model: torch.nn.Module, mb: MicroBatch):
-        """Routing replay and router statistics around one forward of an MoE model (the policy's
-        training forwards are counted, and with trainer.routing_record_dir their experts kept)."""
+    def _moe_scope(self, model: torch.nn.Module, mb: MicroBatch, measure: moe.Measure | None):
+        """Routing replay and router statistics around one forward of an MoE model (`measure`: what
+        a forward of the policy counts; None: nothing)."""
         if self.arch.moe is None:
             return contextlib.nullcontext()
-        stats = self.router_stats if model is self.model and model.training else None
+        stats = self.router_stats if model is self.model and measure is not None else None
         return moe.forward_scope(model, mb, replay_on=self.config.routing_replay, stats=stats,
-                                 record=stats is not None and self.config.routing_record_dir is not None)
+                                 measure=measure or moe.Measure())
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
         """Every rank calls this once per batch it forwards, even with no sequences (under expert
@@ -278,16 +278,16 @@ class Trainer:
         micro-batch equalisation (every EP rank forwards as many tokens) pads rows, not streams."""
         return "padded" if self.ep_size > 1 else self.config.batch_layout
 
-    def _token_stats(self, model: torch.nn.Module, mb: MicroBatch,
-                     entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_stats(self, model: torch.nn.Module, mb: MicroBatch, entropy: str | None = None,
+                     measure: moe.Measure | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [B, S-1] (and entropy: None, "detached" or "grad") in the padded
         per-sequence layout, whichever layout the forward computed them in."""
         t = self.config.temperature
         if mb.stream is not None:
-            with self._moe_scope(model, mb):
+            with self._moe_scope(model, mb, measure):
                 logits = forward_stream_logits(model, mb.stream.input_ids, mb.stream.layout)
             return packing.stream_token_stats(logits, mb.stream, mb.targets, t, entropy)
-        with self._moe_scope(model, mb):
+        with self._moe_scope(model, mb, measure):
             logits = forward_logits(model, mb.input_ids)[:, :-1]
         ent = None
         if entropy is not None:
@@ -365,14 +365,18 @@ class Trainer:
         with torch.no_grad():
             for mbs, _, _ in minis[1:]:
                 for mb in mbs:
-                    self._set_old_logprobs(mb, self._token_logprobs(self.model, mb), totals)
+                    # the weights that sampled: where the trainer's own routing is compared with the rollout's
+                    lp = self._token_stats(self.model, mb, measure=moe.Measure(differ=True))[0]
+                    self._set_old_logprobs(mb, lp, totals)
 
         self.model.train()
         grad_norms, objective = [], 0.0
         for k, (mbs, n_tokens, n_seqs) in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in mbs:
-                logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached")
+                measure = moe.Measure(load=True, differ=k == 0, record=cfg.routing_record_dir is not None)
+                logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached",
+                                                      measure)
                 if cfg.routing_record_dir is not None and self.router_stats is not None:
                     used_routing += self._used_routing(mb, shards[k])
                 if k == 0:

@@ -258,6 +258,15 @@ def test_routing_differ_metrics_are_the_share_of_trained_tokens_the_trainers_rou
         rec = trainer.train_sequences(_with_routing(seqs, perturbed)).record()
         assert rec["moe_routing_differ_tokens"] == pytest.approx(swapped_tokens / read, abs=1e-12), layout
         assert rec["moe_routing_differ_decisions"] == pytest.approx(swapped_decisions / (2 * read), abs=1e-12), layout
+    # Two mini-batches, a large step between them: the second is compared on the weights that
+    # sampled (its pre-update forward), not on the updated ones, which route otherwise.
+    trainer.config.mini_batches = 2
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.1
+    rec = trainer.train_sequences(_with_routing(seqs, own)).record()
+    assert rec["moe_routing_differ_tokens"] == 0 and rec["grad_norm"] > 0
+    assert trainer.train_sequences(_with_routing(seqs, own)).record()["moe_routing_differ_tokens"] > 0.05  # moved
+    trainer.config.mini_batches = 1
     if not replay:  # samples without routing: no such metric (with replay on they are refused)
         assert "moe_routing_differ_tokens" not in trainer.train_sequences(seqs).record()
 
