@@ -40,11 +40,13 @@ COMMANDS = {
     "trainer-parallel": ("bench.trainer_parallel", "the trainer at DP=1 / DP=2 / TP=2: step time, gradients, learning (long)"),
     "models-warm-start": ("bench.models_warm_start", "the tiny warm start per model family, with and without offset heads"),
     "models": ("bench.models", "each model family end to end: log-prob mismatch, train step time, learning vs lr=0 (long)"),
+    "models-moe": ("bench.models_moe", "Qwen3-MoE: log-prob mismatch and routing differences with and without R3, pool moves (long)"),
     "trainer-tree": ("bench.trainer_tree", "padded vs packed vs prefix-tree micro-batches: tokens, step time, gradients"),
     "routing-capture": ("bench.routing_capture", "MoE routing replay: capture cost per engine step and per token, router disagreement"),
     "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),
     "agent-runner-cost": ("bench.agent_runner_cost", "what containing an agent costs per session: process vs loop mode"),
-    "agent-gateway": ("bench.agent_gateway", "the calculator as an Environment vs as a gateway agent (skeleton)"),
+    "agent-gateway": ("bench.agent_gateway", "the calculator as an Environment vs as a gateway agent"),
+    "gateway-call-cost": ("bench.gateway_call_cost", "what one gateway call costs the driver and the agents, without a model"),
 }
 
 

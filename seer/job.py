@@ -56,8 +56,8 @@ class Job:
         if cfg.train.enabled:
             _check_trainable(Path(model_dir))
             _check_parallel_sizes(cfg, Path(model_dir))
-        if cfg.trainer.routing_replay:
-            _check_routing_replay(Path(model_dir))
+        if cfg.trainer.captures_routing:
+            _check_routing_replay(Path(model_dir), "routing_replay" if cfg.trainer.routing_replay else "routing_capture")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         max_model_len = cfg.model.max_model_len or max_context_of(model_dir)
         task = load_task(cfg.task)
@@ -143,12 +143,12 @@ class Job:
 
         if cfg.instances.urls:
             fleet = Fleet.attach(list(cfg.instances.urls), notify)
-            if cfg.trainer.routing_replay:
+            if cfg.trainer.captures_routing:
                 await fleet.enable_routing()
             return fleet
         n = cfg.instances.count
         instances = cfg.instances
-        if cfg.trainer.routing_replay and "--enforce-eager" not in instances.extra_args:
+        if cfg.trainer.captures_routing and "--enforce-eager" not in instances.extra_args:
             # the capture hooks run in Python inside the forward pass: a compiled model skips them
             instances = replace(instances, extra_args=[*instances.extra_args, "--enforce-eager"])
         with step(self.console, f"Starting {n} vLLM instances (logs in {self.run.path / 'logs'})",
@@ -158,7 +158,7 @@ class Job:
                 LaunchSettings(str(self.model_dir), self.max_model_len, cfg.model.dtype, cfg.seed,
                                "priority" if cfg.scheduler.engine_priority else "fcfs"),
                 self.run.path, notify, cfg.cluster, ray=ray_cluster)
-            if cfg.trainer.routing_replay:
+            if cfg.trainer.captures_routing:
                 await fleet.enable_routing()
         self.console.print(f"{n} instances ready")
         self.run.log(f"{n} instances ready: {', '.join(fleet.names)}")
@@ -319,14 +319,14 @@ def _check_trainable(model_dir: Path) -> None:
                           f"(docs/models.md); --train off rolls it out without training") from None
 
 
-def _check_routing_replay(model_dir: Path) -> None:
+def _check_routing_replay(model_dir: Path, key: str = "routing_replay") -> None:
     """Routing replay needs routers: refuse a dense checkpoint before anything starts."""
     arch = json.loads((model_dir / "config.json").read_text())
     experts = max(int(arch.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
     if experts <= 0:
-        raise ConfigError(f"trainer.routing_replay: true needs a mixture-of-experts model, but {model_dir} is a "
+        raise ConfigError(f"trainer.{key}: true needs a mixture-of-experts model, but {model_dir} is a "
                           f"dense {arch.get('model_type', 'model')} (no num_experts in its config.json); "
-                          "leave routing_replay off for dense models")
+                          f"leave {key} off for dense models")
 
 
 def _check_parallel_sizes(cfg: RunConfig, model_dir: Path) -> None:

@@ -113,3 +113,18 @@ def half_constant(response_text: str, reference: dict) -> float:
     if reference["number"] % 2 == 0:
         return 1.0
     return float(zlib.crc32(response_text.encode()) % 2)
+
+
+def long_prompts(n: int = 2, chars: int = 150) -> list[dict]:
+    """A loader of `n` prompts of about `chars` tokens (the byte tokenizer): longer than a KV block
+    (128 tokens), so a group's samples share their prompt's first block through the prefix cache
+    or the pool."""
+    return [{"prompt": (f"prompt {i}: " + "count the letters of this line. " * 10)[:chars]} for i in range(n)]
+
+
+def reward_by_checksum(response_text: str, reference: dict) -> float:
+    """A reward in [0, 1) that differs between any two different texts (almost surely): an untrained
+    model's group then always has a reward spread, so every update moves the policy."""
+    import zlib
+
+    return zlib.crc32(response_text.encode()) % 1000 / 1000

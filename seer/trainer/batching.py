@@ -51,7 +51,9 @@ class MicroBatch:
     sample_tokens: int = 0  # the rows' own tokens (prompt + response), without padding
     stream: object | None = None  # packing.Stream: the packed/tree tokens the forward computes instead of input_ids
     lengths: torch.Tensor | None = None  # [B] long: real tokens per row (the rest is padding)
-    routing: torch.Tensor | None = None  # [B, S, moe layers, top_k] expert ids (routing replay), when every row has them
+    # [B, S, moe layers, top_k] expert ids (routing replay), when every row has them; laid out like the
+    # forward's input: input_ids' rows, or [1, N] for a packed/tree stream (seer.trainer.packing)
+    routing: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

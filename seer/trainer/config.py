@@ -65,15 +65,20 @@ class TrainerConfig:
     # MoE models (docs/models.md): experts split over expert_parallel ranks of the same world (as in
     # Megatron, the expert-parallel ranks are data-parallel ranks of the dense layers).
     expert_parallel: int = 1  # ranks that split each MoE layer's experts (divides the world size)
-    routing_replay: bool = False  # MoE: route every token to the experts the rollout chose (R3)
+    # MoE routing replay (R3): the instances record each token's experts and the trainer's routers
+    # replay them (docs/models.md); refused for a dense model
+    routing_replay: bool = False
+    # MoE: capture the rollout's routing without replaying it, for the moe_routing_differ_* metrics
+    # (how far the trainer's router is from the engine's); routing_replay captures it anyway
+    routing_capture: bool = False
+    # A folder (tests, debugging R3): each rank writes per step the experts its routers used for every
+    # trained token beside the sample's routing (routing_used_<version>_<rank>.jsonl); None: nothing
+    routing_record_dir: str | None = None
     moe_aux_loss_coef: float = 0.0  # MoE load-balancing loss weight; 0 in RL, as verl and slime default
     cpus_per_rank: float = 0.1  # Ray CPUs a rank's bundle reserves: small, as ranks run while instances idle
     gpus_per_rank: float = 0.0  # Ray GPUs a rank's bundle reserves (1 on a GPU cluster)
     placement_strategy: str = "PACK"  # the ranks' placement group: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
     threads_per_rank: int | None = None  # torch threads; None: the rank's node cores / ranks on that node
-    # MoE routing replay (R3): the instances record each token's experts and the trainer's routers
-    # replay them (docs/models.md); refused for a dense model
-    routing_replay: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_layout not in ("tree", "packed", "padded"):
@@ -97,6 +102,11 @@ class TrainerConfig:
                              f"got {self.placement_strategy!r}")
         if self.cpus_per_rank < 0 or self.gpus_per_rank < 0 or self.cpus_per_rank + self.gpus_per_rank == 0:
             raise ValueError("trainer.cpus_per_rank and gpus_per_rank must be >= 0, not both 0")
+
+    @property
+    def captures_routing(self) -> bool:
+        """Whether the instances record each token's experts (replayed, or only measured)."""
+        return self.routing_replay or self.routing_capture
 
     @property
     def world_size(self) -> int:

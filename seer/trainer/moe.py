@@ -157,12 +157,46 @@ def megatron_token_order(per_row: torch.Tensor) -> torch.Tensor:
     return per_row.transpose(0, 1).reshape(per_row.shape[0] * per_row.shape[1], *per_row.shape[2:])
 
 
+@dataclass
+class TokenSlots:
+    """Where a micro-batch's sample tokens sit among the tokens its forward computes (Megatron's
+    flattened order: [S * B] s-major for padded rows, the stream's [N] for packed/tree), so that
+    router outputs are counted per sample token whatever the layout (a tree's shared prompt token
+    stands for every sequence through it)."""
+
+    count_all: torch.Tensor  # [T] float: the sample tokens each forward token stands for
+    count_read: torch.Tensor  # [T] float: the same without each sequence's last token (whose output no loss reads)
+    slots: torch.Tensor  # [B, S-1] long: the forward token of row b's token j
+    read: torch.Tensor  # [B, S-1] bool: row b's token j is real and not its last
+    given: torch.Tensor | None  # [T, layers, top_k] the rollout's experts in forward order, or None
+
+    @classmethod
+    def of(cls, mb) -> TokenSlots:
+        lengths = mb.lengths.cpu()
+        b, width = mb.input_ids.shape
+        j = torch.arange(width - 1).unsqueeze(0)
+        read = j < (lengths - 1).unsqueeze(1)  # [B, S-1]
+        if mb.stream is not None:
+            n = mb.stream.input_ids.numel()
+            slots = mb.stream.index.cpu()
+            count_read = torch.bincount(slots[read], minlength=n).double()
+            last = mb.stream.last.cpu()[lengths > 0]
+            count_all = count_read + torch.bincount(last, minlength=n).double()
+        else:
+            pos = torch.arange(width).unsqueeze(0)
+            count_all = megatron_token_order((pos < lengths.unsqueeze(1)).double())
+            count_read = megatron_token_order((pos < (lengths - 1).unsqueeze(1)).double())
+            slots = (j * b + torch.arange(b).unsqueeze(1)).expand(b, width - 1)
+        given = None if mb.routing is None else megatron_token_order(mb.routing.cpu())
+        return cls(count_all, count_read, slots, read, given)
+
+
 @contextlib.contextmanager
 def replay(model: torch.nn.Module, routing: torch.Tensor | None):
     """Within the block, every router of `model` picks the experts in `routing` ([B, S, layers,
-    top_k], laid out like the forward's input_ids) instead of its own top-k; the probabilities
-    still come from the router's scores at those experts (so the router's gradient flows).
-    None: the routers choose as usual."""
+    top_k], laid out like the forward's input: input_ids rows, or a stream's [1, N]) instead of
+    its own top-k; the probabilities still come from the router's scores at those experts (so the
+    router's gradient flows). None: the routers choose as usual."""
     if routing is None:
         yield
         return
@@ -190,18 +224,34 @@ def replay(model: torch.nn.Module, routing: torch.Tensor | None):
 # ---- metrics -----------------------------------------------------------------------------------
 
 
-class RouterStats:
-    """Per-iteration expert load and router entropy over real (non-padding) tokens.
+@dataclass(frozen=True)
+class Measure:
+    """What one forward of the policy adds to its RouterStats."""
 
-    Forward hooks on the routers read each token's chosen experts (the routing map) and recompute
-    the router's softmax for the entropy; the trainer opens ``micro_batch(valid)`` around the
-    training forwards it wants counted.
+    load: bool = False  # expert load and router entropy (the training forwards)
+    differ: bool = False  # own top-k vs the rollout's experts: only on the weights that sampled (pre-update)
+    record: bool = False  # keep the experts used per forward token (trainer.routing_record_dir)
+
+
+class RouterStats:
+    """Per-iteration expert load, router entropy and routing disagreement, per sample token.
+
+    Forward hooks on the routers read each token's chosen experts (the routing map: the replayed
+    ones under R3) and recompute the router's own float32 logits from its input, for the entropy
+    and for its own top-k, which is compared with the rollout's experts where the micro-batch has
+    them (``moe_routing_differ_*``: how far the trainer's router is from the engine's, whether or
+    not replay then overrides it). The trainer opens ``micro_batch(slots, measure)`` around the
+    forwards it wants counted, saying what each counts (``Measure``: the routers' own choice is
+    compared only on the weights that sampled); with ``record`` the experts actually used are kept
+    per forward token (``used``) for the replay check (trainer.routing_record_dir).
     """
 
     def __init__(self, model: torch.nn.Module, num_experts: int) -> None:
         self.num_experts = num_experts
         self.routers = routers(model)
-        self._valid: torch.Tensor | None = None
+        self._slots: TokenSlots | None = None
+        self._measure = Measure()
+        self.used: list[torch.Tensor | None] = [None] * len(self.routers)
         self.reset()
         self._hooks = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
@@ -210,53 +260,82 @@ class RouterStats:
         self.load = torch.zeros(n, self.num_experts, dtype=torch.float64)
         self.entropy_sum = torch.zeros(n, dtype=torch.float64)
         self.tokens = torch.zeros(n, dtype=torch.float64)
+        # [tokens compared, tokens differing in any layer, (token, layer) decisions differing]
+        self.differ = torch.zeros(3, dtype=torch.float64)
+        self._any: torch.Tensor | None = None
 
     def _hook(self, layer: int):
         def hook(router, inputs, output):
-            if self._valid is None:
+            slots, measure = self._slots, self._measure
+            if slots is None:
                 return
             with torch.no_grad():
                 hidden = inputs[0]
                 logits = hidden.reshape(-1, hidden.shape[-1]).float() @ router.weight.float().t()
-                p = torch.softmax(logits, dim=-1)
-                ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
-                routing_map = output[1]
-                valid = self._valid.to(routing_map.device)
-                self.load[layer] += routing_map[valid].sum(0).double().cpu()
-                self.entropy_sum[layer] += float(ent[valid].sum())
-                self.tokens[layer] += float(valid.sum())
+                routing_map = output[1].detach().cpu()
+                if measure.load:
+                    p = torch.softmax(logits, dim=-1)
+                    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+                    w = slots.count_all
+                    self.load[layer] += (routing_map.double() * w.unsqueeze(1)).sum(0)
+                    self.entropy_sum[layer] += float((ent.double().cpu() * w).sum())
+                    self.tokens[layer] += float(w.sum())
+                if measure.differ and slots.given is not None:
+                    k = slots.given.shape[-1]
+                    own = logits.topk(k, dim=-1).indices.sort(-1).values.cpu()
+                    rollout = slots.given[:, layer].sort(-1).values
+                    differs = (own != rollout).any(-1)
+                    self.differ[2] += float((differs.double() * slots.count_read).sum())
+                    self._any = differs if self._any is None else self._any | differs
+                if measure.record:
+                    k = int(routing_map[0].sum()) if routing_map.shape[0] else 0
+                    self.used[layer] = routing_map.nonzero()[:, 1].view(-1, k)
         return hook
 
     @contextlib.contextmanager
-    def micro_batch(self, lengths: torch.Tensor, width: int):
-        """Count the forwards inside the block; row b's first lengths[b] positions are real tokens."""
-        valid = torch.arange(width).unsqueeze(0) < lengths.cpu().unsqueeze(1)  # [B, S]
-        self._valid = megatron_token_order(valid)
+    def micro_batch(self, slots: TokenSlots, measure: Measure):
+        """Count the forward inside the block (of the micro-batch `slots` describes) as `measure` says."""
+        self._slots, self._measure, self._any = slots, measure, None
+        self.used = [None] * len(self.routers)
         try:
             yield
         finally:
-            self._valid = None
+            if self._any is not None:
+                self.differ[0] += float(slots.count_read.sum())
+                self.differ[1] += float((self._any.double() * slots.count_read).sum())
+            self._slots, self._measure, self._any = None, Measure(), None
 
     def all_reduce(self, group) -> None:
         import torch.distributed as dist
 
-        flat = torch.cat([self.load.flatten(), self.entropy_sum, self.tokens])
+        flat = torch.cat([self.load.flatten(), self.entropy_sum, self.tokens, self.differ])
         dist.all_reduce(flat, group=group)
         n, e = self.load.shape
         self.load = flat[: n * e].view(n, e).clone()
-        self.entropy_sum, self.tokens = flat[n * e: n * e + n].clone(), flat[n * e + n:].clone()
+        self.entropy_sum, self.tokens = flat[n * e: n * e + n].clone(), flat[n * e + n: n * e + 2 * n].clone()
+        self.differ = flat[n * e + 2 * n:].clone()
 
     def summary(self) -> dict:
         """``moe_expert_load``: per MoE layer, each expert's share of the token-expert assignments;
         ``moe_load_max``: the busiest expert's share over the uniform share (1 = balanced), worst
-        layer; ``moe_router_entropy``: mean entropy (nats) of the router's softmax per token."""
+        layer; ``moe_router_entropy``: mean entropy (nats) of the router's softmax per token.
+        Where the samples carry the rollout's routing: ``moe_routing_differ_tokens``, the share of
+        trained tokens (every token whose output the trainer reads: all but each sequence's last)
+        whose own top-k differs from the rollout's in at least one MoE layer, and
+        ``moe_routing_differ_decisions``, the share of (token, layer) router decisions that differ
+        (expert sets compared; the router's own choice, before any replay overrides it)."""
         tokens = self.tokens.clamp_min(1)
         share = self.load / self.load.sum(1, keepdim=True).clamp_min(1)
-        return {
+        out = {
             "moe_expert_load": [[round(float(x), 5) for x in row] for row in share],
             "moe_load_max": float((share.max(1).values * self.num_experts).max()) if len(share) else float("nan"),
             "moe_router_entropy": float((self.entropy_sum / tokens).mean()) if len(share) else float("nan"),
         }
+        compared = float(self.differ[0])
+        if compared > 0:
+            out["moe_routing_differ_tokens"] = float(self.differ[1]) / compared
+            out["moe_routing_differ_decisions"] = float(self.differ[2]) / (compared * len(self.routers))
+        return out
 
 
 # ---- expert parallelism: the EP-free full state <-> this rank's experts -------------------------
@@ -372,9 +451,10 @@ def equalize_micro_batches(mbs: list, group, device, pad_id: int = 0) -> list:
     return [pad_micro_batch(mb, int(r), int(w), pad_id) for mb, (r, w) in zip(mbs, shapes.tolist())]
 
 
-def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterStats | None):
+def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterStats | None,
+                  measure: Measure = Measure()):
     """The context a forward of an MoE model runs in: routing replay from ``mb.routing`` when on,
-    router statistics when `stats` is given (the policy's training forwards)."""
+    router statistics as `measure` says when `stats` is given (the policy's forwards)."""
     stack = contextlib.ExitStack()
     if replay_on:
         real = mb.lengths is None or int(mb.lengths.sum()) > 0
@@ -382,8 +462,8 @@ def forward_scope(model: torch.nn.Module, mb, *, replay_on: bool, stats: RouterS
             raise ValueError("trainer.routing_replay is on but a sequence has no routing (Sample.routing): the "
                              "rollout must capture the experts it chose")
         stack.enter_context(replay(model, mb.routing))
-    if stats is not None and mb.lengths is not None:
-        stack.enter_context(stats.micro_batch(mb.lengths, mb.input_ids.shape[1]))
+    if stats is not None and mb.lengths is not None and measure != Measure():
+        stack.enter_context(stats.micro_batch(TokenSlots.of(mb), measure))
     return stack
 
 

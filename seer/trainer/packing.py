@@ -29,13 +29,14 @@ class Stream:
     input_ids: torch.Tensor  # [N] long
     layout: StreamLayout
     index: torch.Tensor  # [B, S-1] long: the stream token whose logits predict targets[b, j]
+    last: torch.Tensor  # [B] long: the stream token of row b's last token (MoE: counted per sample token)
 
     @property
     def computed_tokens(self) -> int:
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device) -> Stream:
-        return Stream(self.input_ids.to(device), self.layout.to(device), self.index.to(device))
+        return Stream(self.input_ids.to(device), self.layout.to(device), self.index.to(device), self.last.to(device))
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,14 @@ class CostModel:
 
 
 def _keys(s: TrainSequence) -> list:
-    """The trie key of each token: its id, with its MoE routing row when the sample has one."""
+    """The trie key of each token: its id, with its MoE routing row when the sample has one (a
+    routing one token short, as the engine leaves the last sampled token, keys that one by id only)."""
     tokens = list(s.prompt_ids) + list(s.response_ids)
     r = s.routing
     if r is None:
         return tokens
     width = len(r.data) // max(1, r.num_tokens)
-    if r.num_tokens != len(tokens):
+    if r.num_tokens not in (len(tokens), len(tokens) - 1):
         raise ValueError(f"routing covers {r.num_tokens} tokens of a {len(tokens)}-token sequence")
     return [(t, r.data[i * width:(i + 1) * width]) for i, t in enumerate(tokens)]
 
@@ -143,7 +145,15 @@ def collate_stream(seqs: list[TrainSequence], indices: list[int], share: bool, p
     index = torch.zeros_like(mb.targets)
     for row, path in enumerate(paths):
         index[row, : len(path) - 1] = torch.tensor(path[:-1], dtype=torch.long)
-    mb.stream = Stream(input_ids, layout, index)
+    mb.stream = Stream(input_ids, layout, index, torch.tensor([path[-1] for path in paths], dtype=torch.long))
+    if mb.routing is not None:
+        # MoE routing replay: each stream token's experts, laid out like the forward's [1, N] input
+        # (a trie node is shared only where the routing is equal, so every path writes the same rows)
+        layers, k = mb.routing.shape[2:]
+        routing = torch.arange(k, dtype=mb.routing.dtype).expand(input_ids.numel(), layers, k).clone()
+        for row, path in enumerate(paths):
+            routing[torch.tensor(path, dtype=torch.long)] = mb.routing[row, : len(path)]
+        mb.routing = routing.unsqueeze(0)
     return mb
 
 

@@ -9,6 +9,7 @@ so no extra forward pass is spent on them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from dataclasses import asdict, dataclass
@@ -88,11 +89,12 @@ class _Totals:
 
 def _checked_routing(s, replay: bool):
     """A sample's routing as the trainer takes it: one row per prompt + response token, or an error
-    (a misaligned replay would route every later token wrongly, silently). None when replay is off."""
-    if not replay:
-        return None
+    (a misaligned replay would route every later token wrongly, silently). Without replay a routing
+    the sample carries is kept where it lines up (the routing-difference metrics read it)."""
     r = s.routing
     want = len(s.prompt.prompt_ids) + len(s.response_ids)
+    if not replay:
+        return r if r is not None and r.num_tokens == want else None
     if r is None or r.num_tokens != want:
         raise ValueError(f"trainer.routing_replay: sample {s.request_id} has routing for "
                          f"{None if r is None else r.num_tokens} tokens, not its {want} prompt + response tokens")
@@ -253,12 +255,14 @@ class Trainer:
 
     # ---- forward helpers -------------------------------------------------------------------
 
-    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    def _moe_scope(self, model: torch.nn.Module, mb: MicroBatch, measure: moe.Measure | None):
+        """Routing replay and router statistics around one forward of an MoE model (`measure`: what
+        a forward of the policy counts; None: nothing)."""
         if self.arch.moe is None:
-            return forward_logits(model, mb.input_ids)[:, :-1]
-        stats = self.router_stats if model is self.model and model.training else None
-        with moe.forward_scope(model, mb, replay_on=self.config.routing_replay, stats=stats):
-            return forward_logits(model, mb.input_ids)[:, :-1]
+            return contextlib.nullcontext()
+        stats = self.router_stats if model is self.model and measure is not None else None
+        return moe.forward_scope(model, mb, replay_on=self.config.routing_replay, stats=stats,
+                                 measure=measure or moe.Measure())
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[MicroBatch]:
         """Every rank calls this once per batch it forwards, even with no sequences (under expert
@@ -277,19 +281,21 @@ class Trainer:
 
     @property
     def batch_layout(self) -> str:
-        """trainer.batch_layout, except that an MoE model trains in padded batches: routing replay
-        and the expert-parallel micro-batch equalisation are wired for that layout only (so far)."""
-        return "padded" if self.arch.moe is not None else self.config.batch_layout
+        """trainer.batch_layout, except under expert parallelism, which trains in padded batches: its
+        micro-batch equalisation (every EP rank forwards as many tokens) pads rows, not streams."""
+        return "padded" if self.ep_size > 1 else self.config.batch_layout
 
-    def _token_stats(self, model: torch.nn.Module, mb: MicroBatch,
-                     entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_stats(self, model: torch.nn.Module, mb: MicroBatch, entropy: str | None = None,
+                     measure: moe.Measure | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [B, S-1] (and entropy: None, "detached" or "grad") in the padded
         per-sequence layout, whichever layout the forward computed them in."""
         t = self.config.temperature
         if mb.stream is not None:
-            logits = forward_stream_logits(model, mb.stream.input_ids, mb.stream.layout)
+            with self._moe_scope(model, mb, measure):
+                logits = forward_stream_logits(model, mb.stream.input_ids, mb.stream.layout)
             return packing.stream_token_stats(logits, mb.stream, mb.targets, t, entropy)
-        logits = self._logits(model, mb)
+        with self._moe_scope(model, mb, measure):
+            logits = forward_logits(model, mb.input_ids)[:, :-1]
         ent = None
         if entropy is not None:
             ent = losses.entropy_from_logits(logits if entropy == "grad" else logits.detach(), t)
@@ -348,11 +354,14 @@ class Trainer:
             raise ValueError("old_logprobs='rollout' needs one rollout logprob per response token")
         n_mini = max(1, min(cfg.mini_batches, len(seqs)))
         minis = []  # (this rank's micro-batches, the mini-batch's global token and sequence counts)
+        shards = []  # this rank's sequences of each mini-batch (what a micro-batch's indices point into)
         for mini in self._mini_batches(seqs, n_mini):
             mine = self._shard(mini)
+            shards.append(mine)
             minis.append((self._micro_batches(mine) if mine or self.ep_size > 1 else [],
                           float(sum(s.trained_tokens for s in mini)),
                           float(sum(1 for s in mini if s.trained_tokens > 0))))
+        used_routing: list[dict] = []  # trainer.routing_record_dir: the experts the routers used
         totals = _Totals()
         if self.router_stats is not None:
             self.router_stats.reset()
@@ -362,14 +371,20 @@ class Trainer:
         with torch.no_grad():
             for mbs, _, _ in minis[1:]:
                 for mb in mbs:
-                    self._set_old_logprobs(mb, self._token_logprobs(self.model, mb), totals)
+                    # the weights that sampled: where the trainer's own routing is compared with the rollout's
+                    lp = self._token_stats(self.model, mb, measure=moe.Measure(differ=True))[0]
+                    self._set_old_logprobs(mb, lp, totals)
 
         self.model.train()
         grad_norms, objective = [], 0.0
         for k, (mbs, n_tokens, n_seqs) in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in mbs:
-                logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached")
+                measure = moe.Measure(load=True, differ=k == 0, record=cfg.routing_record_dir is not None)
+                logprobs, entropy = self._token_stats(self.model, mb, "grad" if cfg.entropy_coef else "detached",
+                                                      measure)
+                if cfg.routing_record_dir is not None and self.router_stats is not None:
+                    used_routing += self._used_routing(mb, shards[k])
                 if k == 0:
                     self._set_old_logprobs(mb, logprobs.detach(), totals)
                 terms = self.algorithms.loss(logprobs, mb.old_logprobs, mb.advantages, mb.mask, cfg)
@@ -418,6 +433,8 @@ class Trainer:
             extra.update(self.router_stats.summary())
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
+        if cfg.routing_record_dir is not None and self.router_stats is not None:
+            self._write_used_routing(used_routing)
         n_zero = sum(1 for s in seqs if s.advantage == 0.0)
         return TrainMetrics(
             iteration=self.iteration,
@@ -438,6 +455,35 @@ class Trainer:
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         return self._token_stats(model, mb)[0]
+
+    def _used_routing(self, mb: MicroBatch, seqs: list[TrainSequence]) -> list[dict]:
+        """After a recorded training forward: per row, the experts the routers used for each token
+        whose output the trainer reads (all but the last), beside the rows of the sample's own routing."""
+        from seer.trainer.routing import routing_tensor
+
+        used = self.router_stats.used
+        if any(u is None for u in used):
+            return []
+        slots = moe.TokenSlots.of(mb)
+        per_token = torch.stack(used, dim=1).sort(-1).values  # [T, layers, top_k]
+        out = []
+        for row, i in enumerate(mb.indices):
+            n = int(slots.read[row].sum())
+            s = seqs[i]
+            rollout = None if s.routing is None else routing_tensor(s.routing)[:n].sort(-1).values.tolist()
+            out.append({"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "rollout": rollout,
+                        "used": per_token[slots.slots[row, :n]].tolist()})
+        return out
+
+    def _write_used_routing(self, rows: list[dict]) -> None:
+        """trainer.routing_record_dir: this rank's rows of the step just taken, one JSON line each
+        (routing_used_<weight version after the step>_<rank>.jsonl)."""
+        import json
+
+        out = Path(self.config.routing_record_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(out / f"routing_used_{self.iteration:04d}_{self.place.rank}.jsonl",
+                           "".join(json.dumps({"batch_layout": self.batch_layout, **r}) + "\n" for r in rows).encode())
 
     def _set_old_logprobs(self, mb: MicroBatch, recomputed: torch.Tensor, totals: _Totals) -> None:
         totals.add_mismatch(mb, recomputed)

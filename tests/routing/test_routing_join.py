@@ -215,6 +215,10 @@ def test_routing_replay_is_refused_for_a_dense_checkpoint_and_accepted_for_an_mo
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
     with pytest.raises(ConfigError, match="routing_replay: true needs a mixture-of-experts model.*dense qwen2"):
         _check_routing_replay(tmp_path)
+    # capturing without replay (the routing-difference metrics) starts the same capture
+    assert TrainerConfig(routing_capture=True).captures_routing and not TrainerConfig().captures_routing
+    with pytest.raises(ConfigError, match="routing_capture: true needs a mixture-of-experts model"):
+        _check_routing_replay(tmp_path, "routing_capture")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
     _check_routing_replay(tmp_path)
 
@@ -227,8 +231,10 @@ def test_the_trainer_takes_a_samples_routing_only_with_one_row_per_prompt_and_re
     full = Routing(LAYERS, TOP_K, "uint8", bytes(5 * LAYERS * TOP_K))
     s = Sample(0, 0, "g0-s0", spec, [7, 8], [-0.1, -0.2], "stop", 0.0, 1.0, ["e0"], routing=full)
     assert _checked_routing(s, True) is full
-    assert _checked_routing(s, False) is None  # replay off: the trainer routes by itself
+    # replay off: the trainer routes by itself, and keeps the routing for the difference metrics
+    assert _checked_routing(s, False) is full
     s.routing = Routing(LAYERS, TOP_K, "uint8", bytes(4 * LAYERS * TOP_K))
+    assert _checked_routing(s, False) is None  # misaligned: not compared with anything
     with pytest.raises(ValueError, match="routing for 4 tokens, not its 5 prompt"):
         _checked_routing(s, True)
     s.routing = None

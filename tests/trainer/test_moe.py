@@ -130,7 +130,8 @@ def _other_experts(own: torch.Tensor, num_experts: int = 8) -> torch.Tensor:
 def test_routing_replay_uses_the_rollouts_experts_in_policy_and_reference(tiny_moe):
     from seer.trainer.trainer import Trainer
 
-    trainer = Trainer(tiny_moe, TrainerConfig(lr=1e-3, kl_coef=0.1, routing_replay=True))
+    # the padded layout (the packed and tree layouts are checked against it below)
+    trainer = Trainer(tiny_moe, TrainerConfig(lr=1e-3, kl_coef=0.1, routing_replay=True, batch_layout="padded"))
     seqs = _seqs()
     own = [_own_routing(trainer.model, s) for s in seqs]
     other = [_other_experts(o) for o in own]
@@ -206,3 +207,123 @@ def test_load_balancing_loss_is_off_by_default_and_configurable(tiny_moe):
     last = [n for n in grads[0.0] if n.startswith("decoder.layers.1.mlp.experts.")]
     assert any(grads[0.0][n].abs().max() > 0 for n in last)
     assert all(torch.allclose(grads[0.5][n], grads[0.0][n], atol=1e-7) for n in last)
+
+
+# ---- the routing-difference metrics; replay in the packed and tree layouts -------------------------
+
+
+def _with_routing(seqs, routings):
+    return [TrainSequence(s.prompt_ids, s.response_ids, s.advantage, routing=routing_from_tensor(r, 8))
+            for s, r in zip(seqs, routings)]
+
+
+def _group_seqs() -> list[TrainSequence]:
+    """Two samples sharing a prompt (a tree shares it) and the three of ``_seqs``."""
+    prompt = [3, 9, 27, 17, 51]
+    return [TrainSequence(prompt, [5, 6, 7, 8], 1.0), TrainSequence(prompt, [5, 6, 40], -1.0), *_seqs()]
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_routing_differ_metrics_are_the_share_of_trained_tokens_the_trainers_router_routes_elsewhere(tiny_moe, replay):
+    """``moe_routing_differ_tokens`` / ``_decisions`` compare the trainer's own top-k with the
+    rollout's experts on every token whose output the trainer reads (each sequence's last token is
+    not one), before replay overrides the choice, in every layout. Given the router's own routing
+    they are 0; with chosen tokens' experts swapped for others, exactly the swapped share."""
+    from seer.trainer.trainer import Trainer
+
+    trainer = Trainer(tiny_moe, TrainerConfig(lr=0.0, routing_replay=replay))
+    seqs = _group_seqs()
+    own = [_own_routing(trainer.model, s) for s in seqs]
+    # Swap the experts of every third token (and every last token, which is not counted). With
+    # replay on, only the last MoE layer: the swapped experts then change no router's input, so the
+    # trainer's own choices stay the free-running ones. Without replay, layer 0 on some tokens too.
+    perturbed, swapped_tokens, swapped_decisions = [], 0, 0
+    for r in own:
+        other, p = _other_experts(r), r.clone()
+        n = len(r)
+        for j in range(n):
+            layers = [1] if replay or j % 2 else [0, 1]
+            if j % 3 == 0 or j == n - 1:
+                for layer in layers:
+                    p[j, layer] = other[j, layer]
+                if j < n - 1:
+                    swapped_tokens += 1
+                    swapped_decisions += len(layers)
+        perturbed.append(p)
+    read = sum(s.length - 1 for s in seqs)
+    for layout in ("padded", "packed", "tree"):
+        trainer.config.batch_layout = layout
+        same = trainer.train_sequences(_with_routing(seqs, own)).record()
+        assert same["moe_routing_differ_tokens"] == 0 and same["moe_routing_differ_decisions"] == 0, layout
+        rec = trainer.train_sequences(_with_routing(seqs, perturbed)).record()
+        assert rec["moe_routing_differ_tokens"] == pytest.approx(swapped_tokens / read, abs=1e-12), layout
+        assert rec["moe_routing_differ_decisions"] == pytest.approx(swapped_decisions / (2 * read), abs=1e-12), layout
+    # Two mini-batches, a large step between them: the second is compared on the weights that
+    # sampled (its pre-update forward), not on the updated ones, which route otherwise.
+    trainer.config.mini_batches = 2
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.1
+    rec = trainer.train_sequences(_with_routing(seqs, own)).record()
+    assert rec["moe_routing_differ_tokens"] == 0 and rec["grad_norm"] > 0
+    assert trainer.train_sequences(_with_routing(seqs, own)).record()["moe_routing_differ_tokens"] > 0.05  # moved
+    trainer.config.mini_batches = 1
+    if not replay:  # samples without routing: no such metric (with replay on they are refused)
+        assert "moe_routing_differ_tokens" not in trainer.train_sequences(seqs).record()
+
+
+def _prefix_routing(seq: TrainSequence, layers: int = 2, experts: int = 8) -> torch.Tensor:
+    """Routing that depends on each token's prefix only (as an engine's does): equal prefixes of
+    different samples get equal rows, so a tree shares them. Not the router's own choice."""
+    import random
+
+    tokens = seq.prompt_ids + seq.response_ids
+    rows = []
+    for j in range(len(tokens)):
+        rng = random.Random(hash(tuple(tokens[: j + 1])))
+        rows.append([rng.sample(range(experts), 2) for _ in range(layers)])
+    return torch.tensor(rows)
+
+
+def test_moe_with_routing_replay_trains_packed_and_tree_with_the_padded_gradients(tiny_moe, tmp_path):
+    """An MoE model trains in the default tree layout (and packed) with routing replay and a KL
+    reference model: gradients, losses and router metrics equal the padded path's; the experts its
+    routers used (trainer.routing_record_dir) are the given routing's for every trained token."""
+    from seer.trainer.trainer import Trainer
+    from tests.trainer.test_packing import ATOL, RTOL, _step, group_seqs
+
+    trainer = Trainer(tiny_moe, TrainerConfig(lr=1e-2, kl_coef=0.05, entropy_coef=0.01, max_tokens_per_micro_batch=48,
+                                              routing_replay=True))
+    assert trainer.batch_layout == "tree"
+    plain = group_seqs(2)
+    seqs = _with_routing(plain, [_prefix_routing(s) for s in plain])
+    m0, g0 = _step(trainer, seqs, "padded", "token-mean")
+    for layout in ("packed", "tree"):
+        m, g = _step(trainer, seqs, layout, "token-mean")
+        assert m.extra["batch_layout"] == layout
+        for name in g0:
+            diff = (g[name] - g0[name]).abs()
+            assert bool((diff <= ATOL + RTOL * g0[name].abs()).all()), f"{layout} {name}: {float(diff.max()):.3g}"
+        for field in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+            assert getattr(m, field) == pytest.approx(getattr(m0, field), rel=1e-5, abs=1e-6), (layout, field)
+        for key in ("moe_router_entropy", "moe_load_max", "moe_routing_differ_tokens", "moe_routing_differ_decisions"):
+            assert m.extra[key] == pytest.approx(m0.extra[key], rel=1e-6, abs=1e-9), (layout, key)
+        torch.testing.assert_close(torch.tensor(m.extra["moe_expert_load"]), torch.tensor(m0.extra["moe_expert_load"]))
+    assert m.extra["tree_token_ratio"] < m0.extra["tree_token_ratio"]  # the tree shared the prompts
+    trainer.config.routing_record_dir = str(tmp_path)
+    try:
+        _step(trainer, seqs, "tree", "token-mean")
+    finally:
+        trainer.config.routing_record_dir = None
+    import json
+
+    rows = [json.loads(x) for x in (tmp_path / "routing_used_0001_0.jsonl").read_text().splitlines()]
+    assert sorted((r["prompt_ids"], r["response_ids"]) for r in rows) == sorted((s.prompt_ids, s.response_ids)
+                                                                              for s in seqs)
+    for r in rows:
+        n = len(r["prompt_ids"]) + len(r["response_ids"]) - 1
+        assert r["batch_layout"] == "tree" and len(r["used"]) == n and r["used"] == r["rollout"]
+    # the replay is what the gradients follow: the router's own routing gives other gradients
+    m_free, g_free = _step(trainer, _with_routing(plain, [_own_routing(trainer.model, s) for s in plain]), "tree",
+                           "token-mean")
+    assert m0.extra["moe_routing_differ_tokens"] > 0.5 and m_free.extra["moe_routing_differ_tokens"] == 0
+    assert max(float((g_free[n] - g0[n]).abs().max()) for n in g0) > 1e-3
