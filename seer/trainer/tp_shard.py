@@ -239,8 +239,13 @@ def sum_partial_grads(named_params: Iterable[tuple[str, torch.nn.Parameter]],
                       tp_group: dist.ProcessGroup | None = None) -> None:
     """All-reduce (sum) over the TP group the grads of replicated params used per head (QK-norm),
     so every rank holds the full grad, as Megatron's finalize_model_grads does. A collective."""
-    grads = [p.grad for name, p in named_params if has_partial_grad(name) and p.grad is not None]
-    group = _tp_group(tp_group)
+    all_reduce_grads([p.grad for name, p in named_params if has_partial_grad(name) and p.grad is not None],
+                     _tp_group(tp_group))
+
+
+def all_reduce_grads(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Sum `grads` in place over `group` in one collective (flattened: one message, not one per
+    tensor). Nothing to do without grads or on a group of one."""
     if not grads or dist.get_world_size(group) == 1:
         return
     flat = _flatten_dense_tensors(grads)

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from seer.types import RolloutBatch
 from seer.trainer import losses, moe, packing, tp_shard
@@ -236,13 +235,8 @@ class Trainer:
         # exchange already summed over the EP group) are reduced over the expert-data-parallel ranks.
         expert_group = parallel_state.get_expert_data_parallel_group() if self.ep_size > 1 else self.dp_group
         for group, want_expert in ((self.dp_group, False), (expert_group, True)):
-            grads = [p.grad for n, p in named if (self.ep_size > 1 and moe.is_expert_param(n)) == want_expert]
-            if not grads or dist.get_world_size(group) == 1:
-                continue
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=group)
-            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-                g.copy_(reduced)
+            tp_shard.all_reduce_grads(
+                [p.grad for n, p in named if (self.ep_size > 1 and moe.is_expert_param(n)) == want_expert], group)
 
     def _clip_grads(self) -> float:
         """Clip by the global norm: over the whole model, its tensor-parallel shards counted once."""
