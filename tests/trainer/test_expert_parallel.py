@@ -9,7 +9,6 @@ noise on rarely used rows; a lost moment would move them by ~lr = 1e-2).
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
@@ -17,10 +16,10 @@ import torch
 
 from seer.trainer.batching import TrainSequence
 from seer.trainer.config import TrainerConfig
+from tests.trainer import rank_steps
 
 pytestmark = pytest.mark.timeout(600)
 
-ATOL, RTOL = 1e-6, 1e-4
 CFG = dict(lr=1e-2, max_tokens_per_micro_batch=48, threads_per_rank=1, kl_coef=0.05, mini_batches=2)
 
 
@@ -29,6 +28,7 @@ def _functions_by_value(ray_session):
     import ray
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(rank_steps)
 
 
 @pytest.fixture(scope="module")
@@ -45,33 +45,7 @@ def groups(ray_session, tmp_path_factory):
 
 
 def _seqs(seed: int, n: int = 7) -> list[TrainSequence]:
-    """Uneven lengths, so the two ranks' shards differ in micro-batches and shapes."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        prompt = [rng.randrange(1, 64) for _ in range(rng.randint(2, 6))]
-        resp = [rng.randrange(1, 64) for _ in range(rng.choice([2, 3, 5, 8, 20]))]
-        out.append(TrainSequence(prompt, resp, advantage=rng.uniform(-1, 1),
-                                 rollout_logprobs=[-rng.uniform(1, 5) for _ in resp]))
-    return out
-
-
-def _capture(trainer, seqs):
-    trainer.captured_grads = []
-    metrics = trainer.train_sequences(seqs)
-    grads, trainer.captured_grads = trainer.captured_grads, None
-    return metrics, grads
-
-
-def _full_params(trainer):
-    return trainer._full_state({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
-
-
-def _close(a: dict, b: dict, what: str, atol: float = ATOL) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        diff = (a[name] - b[name]).abs()
-        assert bool((diff <= atol + RTOL * b[name].abs()).all()), f"{what} {name}: max diff {float(diff.max()):.3g}"
+    return rank_steps.sequences(seed, n, longest=20)
 
 
 def test_ep2_gradients_metrics_and_expert_load_equal_ep1(groups):
@@ -80,11 +54,11 @@ def test_ep2_gradients_metrics_and_expert_load_equal_ep1(groups):
                                        for n, _ in t.model.named_parameters() if "local_experts" in n}))
     assert held == [["0", "1", "2", "3"]] * 2  # each rank holds 4 of the 8 experts (local numbers)
     seqs = _seqs(0)
-    (m1, g1), = one.apply(lambda t: _capture(t, seqs))
-    (m2, g2), (m2b, g2b) = ep2.apply(lambda t: _capture(t, seqs))
+    (m1, g1), = one.apply(lambda t: rank_steps.capture(t, seqs))
+    (m2, g2), (m2b, g2b) = ep2.apply(lambda t: rank_steps.capture(t, seqs))
     assert len(g1) == len(g2) == 2
-    _close(g2[0], g1[0], "mini-batch 0 gradient")  # every expert's, gathered over the EP group
-    _close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
+    rank_steps.assert_close(g2[0], g1[0], "mini-batch 0 gradient")  # every expert's, gathered over the EP group
+    rank_steps.assert_close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
     for step in range(2):
         assert all(torch.equal(g2[step][n], g2b[step][n]) for n in g2[step])
     for field in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
@@ -100,8 +74,8 @@ def test_checkpoint_moves_between_expert_parallel_layouts(groups, tmp_path):
         src.apply(lambda t: t.train_sequences(_seqs(2)))
         src.save_checkpoint(tmp_path / tag)
         dst.load_checkpoint(tmp_path / tag)
-        before = src.apply(_full_params)[0]
-        assert all(torch.equal(before[n], p) for n, p in dst.apply(_full_params)[0].items())
+        before = src.apply(rank_steps.full_params)[0]
+        assert all(torch.equal(before[n], p) for n, p in dst.apply(rank_steps.full_params)[0].items())
         if tag == "ep2-to-ep1":  # the HF export of EP=2 holds every expert, as EP=1's
             hf1, hf2 = dst.apply(lambda t: t.hf_state_dict())[0], src.apply(lambda t: t.hf_state_dict())[0]
             assert hf1.keys() == hf2.keys() and all(torch.equal(hf1[k], hf2[k]) for k in hf1)
@@ -111,4 +85,4 @@ def test_checkpoint_moves_between_expert_parallel_layouts(groups, tmp_path):
         # Adam divides by sqrt(v): the layouts' summation noise moves a rarely used embedding row by
         # up to ~2e-4 here (1.65e-4 measured); a step without the restored moments moves weights by
         # ~lr = 1e-2, far outside this bound
-        _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-3)
+        rank_steps.assert_close(dst.apply(rank_steps.full_params)[0], src.apply(rank_steps.full_params)[0], f"{tag} weights after the next step", atol=1e-3)

@@ -22,10 +22,9 @@ import torch
 
 from seer.trainer.batching import TrainSequence
 from seer.trainer.config import TrainerConfig
+from tests.trainer import rank_steps
 
 pytestmark = pytest.mark.timeout(600)
-
-ATOL, RTOL = 1e-6, 1e-4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,30 +33,11 @@ def _functions_by_value(ray_session):
     import ray
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(rank_steps)
 
 
 def _seqs(seed: int, n: int = 12) -> list[TrainSequence]:
-    """Heavy-tailed response lengths, as rollouts have; advantages of both signs; rollout log-probs."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [rng.randrange(1, 64) for _ in range(rng.randint(2, 6))]
-        resp = [rng.randrange(1, 64) for _ in range(rng.choice([2, 3, 5, 8, 30]))]
-        out.append(TrainSequence(prompt, resp, advantage=rng.uniform(-1, 1),
-                                 rollout_logprobs=[-rng.uniform(1, 5) for _ in resp]))
-    return out
-
-
-def _capture(trainer, seqs):
-    trainer.captured_grads = []
-    metrics = trainer.train_sequences(seqs)
-    grads, trainer.captured_grads = trainer.captured_grads, None
-    return metrics, grads
-
-
-def _full_params(trainer):
-    """Whole tensors (gathered across tensor-parallel ranks: every rank must call this)."""
-    return trainer._full_state({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    return rank_steps.sequences(seed, n, longest=30)
 
 
 # The tests above the layout test pin the padded layout they were written for: after a few steps at
@@ -81,25 +61,17 @@ def groups(ray_session, tiny_qwen3_tied, tmp_path_factory):
         g.close()
 
 
-def _close(a: dict, b: dict, what: str, atol: float = ATOL) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        diff = (a[name] - b[name]).abs()
-        bound = atol + RTOL * b[name].abs()
-        assert bool((diff <= bound).all()), f"{what} {name}: max diff {float(diff.max()):.3g}"
-
-
 def test_dp2_gradients_and_metrics_equal_dp1(groups):
     one, two, _ = groups
     assert [r.rank for r in two.infos] == [0, 1]
     seqs = _seqs(0)
-    (m1, g1), = one.apply(lambda t: _capture(t, seqs))
-    results = two.apply(lambda t: _capture(t, seqs))
+    (m1, g1), = one.apply(lambda t: rank_steps.capture(t, seqs))
+    results = two.apply(lambda t: rank_steps.capture(t, seqs))
     (m2, g2), (m2b, g2b) = results
     assert len(g1) == len(g2) == 2  # two mini-batches, each one optimizer step
-    _close(g2[0], g1[0], "mini-batch 0 gradient")
+    rank_steps.assert_close(g2[0], g1[0], "mini-batch 0 gradient")
     # mini-batch 1 is taken after an Adam step, whose weights already carry the magnified noise
-    _close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
+    rank_steps.assert_close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
     for step in range(2):
         for name in g2[step]:  # every rank applies the same all-reduced gradient
             assert torch.equal(g2[step][name], g2b[step][name])
@@ -117,9 +89,9 @@ def test_a_rank_with_an_empty_shard_still_reduces(groups):
     """Fewer sequences than ranks: one rank trains on nothing and contributes zero gradients."""
     one, two, _ = groups
     seqs = _seqs(1, n=1)
-    (m1, g1), = one.apply(lambda t: _capture(t, seqs))
-    (m2, g2), _ = two.apply(lambda t: _capture(t, seqs))
-    _close(g2[0], g1[0], "gradient")
+    (m1, g1), = one.apply(lambda t: rank_steps.capture(t, seqs))
+    (m2, g2), _ = two.apply(lambda t: rank_steps.capture(t, seqs))
+    rank_steps.assert_close(g2[0], g1[0], "gradient")
     assert m2.loss == pytest.approx(m1.loss, rel=1e-4, abs=1e-6)
 
 
@@ -130,12 +102,12 @@ def test_tp2_gradients_and_metrics_equal_dp1(groups, tmp_path):
     one.save_checkpoint(tmp_path / "same-start")  # the groups' earlier tests trained DP=1 only
     tp2.load_checkpoint(tmp_path / "same-start")
     seqs = _seqs(4)
-    (m1, g1), = one.apply(lambda t: _capture(t, seqs))
-    (m2, g2), (m2b, g2b) = tp2.apply(lambda t: _capture(t, seqs))
+    (m1, g1), = one.apply(lambda t: rank_steps.capture(t, seqs))
+    (m2, g2), (m2b, g2b) = tp2.apply(lambda t: rank_steps.capture(t, seqs))
     shapes = tp2.apply(lambda t: dict(t.model.named_parameters())["decoder.layers.0.mlp.linear_fc1.weight"].shape)
     assert shapes[0][0] * 2 == g1[0]["decoder.layers.0.mlp.linear_fc1.weight"].shape[0]  # really split
-    _close(g2[0], g1[0], "mini-batch 0 gradient")
-    _close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
+    rank_steps.assert_close(g2[0], g1[0], "mini-batch 0 gradient")
+    rank_steps.assert_close(g2[1], g1[1], "mini-batch 1 gradient", atol=1e-4)
     assert replace(m2, time_s=0) == replace(m2b, time_s=0)
     for field in ("loss", "pg_loss", "pg_clipfrac", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
         assert getattr(m2, field) == pytest.approx(getattr(m1, field), rel=1e-4, abs=1e-6), field
@@ -152,14 +124,14 @@ def test_checkpoint_moves_between_world_sizes(groups, tmp_path):
         src.apply(lambda t: t.train_sequences(_seqs(2)))
         src.save_checkpoint(tmp_path / tag)
         assert dst.load_checkpoint(tmp_path / tag) == src.apply(lambda t: t.iteration)[0]
-        before = src.apply(_full_params)[0]
-        assert all(torch.equal(before[n], p) for n, p in dst.apply(_full_params)[0].items())
+        before = src.apply(rank_steps.full_params)[0]
+        assert all(torch.equal(before[n], p) for n, p in dst.apply(rank_steps.full_params)[0].items())
         nxt = _seqs(3)
         src.apply(lambda t: t.train_sequences(nxt))
         dst.apply(lambda t: t.train_sequences(nxt))
         # Adam divides by sqrt(v): gradient noise of 1e-7 moves a weight by up to ~1e-5; a step
         # without the restored moments moves it by ~lr = 1e-2, far outside this bound.
-        _close(dst.apply(_full_params)[0], src.apply(_full_params)[0], f"{tag} weights after the next step", atol=1e-4)
+        rank_steps.assert_close(dst.apply(rank_steps.full_params)[0], src.apply(rank_steps.full_params)[0], f"{tag} weights after the next step", atol=1e-4)
 
 
 def _group_seqs(seed: int) -> list[TrainSequence]:
@@ -178,7 +150,7 @@ def _group_seqs(seed: int) -> list[TrainSequence]:
 def _capture_as(layout: str, seqs):
     def run(t):
         t.config.batch_layout = layout
-        return _capture(t, seqs)
+        return rank_steps.capture(t, seqs)
     return run
 
 
@@ -193,8 +165,8 @@ def test_tree_and_packed_at_dp2_and_tp2_equal_padded_dp1(groups):
     for group, layout in ((two, "tree"), (tp2, "tree"), (two, "packed")):
         group.load_checkpoint(start)
         (m, g), (mb, _) = group.apply(_capture_as(layout, seqs))
-        _close(g[0], g0[0], f"{layout} mini-batch 0 gradient")
-        _close(g[1], g0[1], f"{layout} mini-batch 1 gradient", atol=1e-4)
+        rank_steps.assert_close(g[0], g0[0], f"{layout} mini-batch 0 gradient")
+        rank_steps.assert_close(g[1], g0[1], f"{layout} mini-batch 1 gradient", atol=1e-4)
         assert replace(m, time_s=0) == replace(mb, time_s=0)
         for field in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
             assert getattr(m, field) == pytest.approx(getattr(m0, field), rel=1e-4, abs=1e-6), (layout, field)
