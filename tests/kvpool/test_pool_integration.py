@@ -17,6 +17,7 @@ import pytest
 from seer.fleet.measure import MeasuredChunk, generate_measured
 from seer.kvpool import BLOCK_TOKENS
 from seer.types import GenerateRequest, SamplingParams
+from tests.kvpool.serialized import SerializedBackend
 
 pytestmark = pytest.mark.vllm
 
@@ -34,25 +35,6 @@ async def reset_until_done(client, timeout_s: float = 60.0) -> bool:
             return False
         await asyncio.sleep(0.5)
     return True
-
-
-class SerializedBackend:
-    """A real instance whose chunks run one at a time across all wrapped instances, in dispatch
-    order (asyncio.Lock is FIFO): completions then alternate between the instances whatever the
-    machine's load, which makes the FIFO policy move requests between them deterministically."""
-
-    def __init__(self, inner, lock: asyncio.Lock):
-        self.inner, self.name, self.lock = inner, inner.name, lock
-
-    async def generate(self, req):
-        async with self.lock:
-            return await self.inner.generate(req)
-
-    async def abort(self, request_id):
-        await self.inner.abort(request_id)
-
-    async def telemetry(self):
-        return await self.inner.telemetry()
 
 
 def task_prompts(tiny_model, n: int) -> list[list[int]]:

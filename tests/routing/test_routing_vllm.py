@@ -19,6 +19,7 @@ import pytest
 
 from seer.kvpool import BLOCK_TOKENS, KVPool, KVPoolConfig
 from seer.types import PromptSpec, SamplingParams
+from tests.kvpool.serialized import SerializedBackend
 
 pytestmark = pytest.mark.vllm
 
@@ -33,28 +34,6 @@ class Runs:
     reference: object  # RolloutResult: whole requests, never moved
     moved: object  # RolloutResult: chunks moving through the pool, groups sharing their prompt
     header: dict
-
-
-class Serialized:
-    """A real instance whose chunks run one at a time across both (FIFO lock): completions then
-    alternate deterministically, so every continuation chunk moves (tests/kvpool does the same)."""
-
-    def __init__(self, inner, lock):
-        self.inner, self.name, self.lock = inner, inner.name, lock
-
-    @property
-    def routing(self):
-        return self.inner.routing
-
-    async def generate(self, req):
-        async with self.lock:
-            return await self.inner.generate(req)
-
-    async def abort(self, request_id):
-        await self.inner.abort(request_id)
-
-    async def telemetry(self):
-        return await self.inner.telemetry()
 
 
 def _prompts(n: int) -> list[PromptSpec]:
@@ -95,7 +74,7 @@ def runs(tmp_path_factory):
                     assert await c.reset_prefix_cache(external=True)
                 lock = asyncio.Lock()
                 moved = await RolloutDriver(
-                    [Serialized(a, lock), Serialized(b, lock)],
+                    [SerializedBackend(a, lock), SerializedBackend(b, lock)],
                     SchedulerConfig(policy="seer.scheduler.policies.moving:MoveEveryChunk", chunk_size=CHUNK,
                                     max_running=1),
                 ).run(prompts, group_size=GROUP, sampling=greedy, request_id_prefix="mv-")
