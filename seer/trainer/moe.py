@@ -23,7 +23,7 @@ import contextlib
 import copy
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -162,7 +162,8 @@ class TokenSlots:
     """Where a micro-batch's sample tokens sit among the tokens its forward computes (Megatron's
     flattened order: [S * B] s-major for padded rows, the stream's [N] for packed/tree), so that
     router outputs are counted per sample token whatever the layout (a tree's shared prompt token
-    stands for every sequence through it)."""
+    stands for every sequence through it; a pad token, of a row or of an EP stream's pad block,
+    for none)."""
 
     count_all: torch.Tensor  # [T] float: the sample tokens each forward token stands for
     count_read: torch.Tensor  # [T] float: the same without each sequence's last token (whose output no loss reads)
@@ -395,17 +396,22 @@ def ep_full_state(local: Mapping[str, torch.Tensor], group) -> dict[str, torch.T
     return out
 
 
-def dummy_micro_batch(device):
+def dummy_micro_batch(device, stream: bool = False):
     """A micro-batch that trains nothing (mask 0, no real tokens): under expert parallelism every
     rank of an EP group must run as many forwards and backwards as its peers, since each MoE
-    layer exchanges tokens with them, so a rank with fewer micro-batches runs these."""
+    layer exchanges tokens with them, so a rank with fewer micro-batches runs these. `stream`: a
+    packed/tree one (no tokens yet: ``pad_micro_batch`` grows it to its peers' stream)."""
     from seer.trainer.batching import MicroBatch
 
     ids = torch.zeros(1, 2, dtype=torch.long)
-    return MicroBatch(indices=[], input_ids=ids, targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
-                      advantages=torch.zeros(1, 1), rollout_logprobs=torch.zeros(1, 1),
-                      has_rollout_logprobs=torch.zeros(1, dtype=torch.bool), lengths=torch.zeros(1, dtype=torch.long)
-                      ).to(device)
+    mb = MicroBatch(indices=[], input_ids=ids, targets=ids[:, 1:].clone(), mask=torch.zeros(1, 1),
+                    advantages=torch.zeros(1, 1), rollout_logprobs=torch.zeros(1, 1),
+                    has_rollout_logprobs=torch.zeros(1, dtype=torch.bool), lengths=torch.zeros(1, dtype=torch.long))
+    if stream:
+        from seer.trainer.packing import Stream
+
+        mb.stream = Stream.empty(torch.device("cpu"))
+    return mb.to(device)
 
 
 def _grown(t: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
@@ -415,17 +421,35 @@ def _grown(t: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
     return out
 
 
+def _grown_routing(routing: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """[B, S, layers, top_k] routing grown to [rows, width] with filler experts 0..k-1 (any valid
+    ids: the tokens there are padding, which trains nothing and which the router statistics skip)."""
+    layers, k = routing.shape[2:]
+    out = torch.arange(k, dtype=routing.dtype, device=routing.device).expand(rows, width, layers, k).clone()
+    out[: routing.shape[0], : routing.shape[1]] = routing
+    return out
+
+
+def forward_shape(mb) -> tuple[int, int]:
+    """The [b, s] a micro-batch's forward runs on: its padded rows, or a stream's [1, N]."""
+    if mb.stream is not None:
+        return 1, mb.stream.computed_tokens
+    return tuple(mb.input_ids.shape)
+
+
 def pad_micro_batch(mb, rows: int, width: int, pad_id: int = 0):
-    """`mb` grown to [rows, width] with padding (no real tokens, mask 0), routing with filler ids."""
+    """`mb` grown to forward [rows, width]: padded rows and columns (no real tokens, mask 0), or a
+    stream (rows 1) grown by a pad block of its own (``packing.Stream.padded_to``); routing with
+    filler ids where it grew."""
     from seer.trainer.batching import MicroBatch
 
-    if tuple(mb.input_ids.shape) == (rows, width):
+    if forward_shape(mb) == (rows, width):
         return mb
-    routing = None
-    if mb.routing is not None:
-        layers, k = mb.routing.shape[2:]
-        routing = torch.arange(k, dtype=mb.routing.dtype, device=mb.routing.device).expand(rows, width, layers, k).clone()
-        routing[: mb.routing.shape[0], : mb.routing.shape[1]] = mb.routing
+    routing = None if mb.routing is None else _grown_routing(mb.routing, rows, width)
+    if mb.stream is not None:
+        if rows != 1:
+            raise ValueError(f"a stream forwards one row, not {rows}")
+        return replace(mb, stream=mb.stream.padded_to(width, pad_id), routing=routing)
     input_ids = _grown(mb.input_ids, (rows, width), pad_id)
     per_token = (rows, width - 1)
     return MicroBatch(
@@ -436,17 +460,18 @@ def pad_micro_batch(mb, rows: int, width: int, pad_id: int = 0):
     )
 
 
-def equalize_micro_batches(mbs: list, group, device, pad_id: int = 0) -> list:
+def equalize_micro_batches(mbs: list, group, device, pad_id: int = 0, stream: bool = False) -> list:
     """Under expert parallelism every rank of an EP group must run as many MoE forwards as its
     peers, each with as many tokens (the allgather dispatcher gathers equal-sized blocks): `mbs`
     is padded with ``dummy_micro_batch`` to the group's most micro-batches and each one to the
-    group's largest [rows, width] of that index (two collectives). Padding trains nothing."""
+    group's largest forward shape of that index (two collectives): [rows, width] for padded
+    micro-batches, the longest stream for packed/tree ones (`stream`). Padding trains nothing."""
     import torch.distributed as dist
 
     count = torch.tensor([len(mbs)], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-    mbs = list(mbs) + [dummy_micro_batch(device) for _ in range(int(count[0]) - len(mbs))]
-    shapes = torch.tensor([list(mb.input_ids.shape) for mb in mbs], dtype=torch.int64).view(-1, 2)
+    mbs = list(mbs) + [dummy_micro_batch(device, stream) for _ in range(int(count[0]) - len(mbs))]
+    shapes = torch.tensor([forward_shape(mb) for mb in mbs], dtype=torch.int64).view(-1, 2)
     dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
     return [pad_micro_batch(mb, int(r), int(w), pad_id) for mb, (r, w) in zip(mbs, shapes.tolist())]
 

@@ -38,6 +38,28 @@ class Stream:
     def to(self, device: torch.device) -> Stream:
         return Stream(self.input_ids.to(device), self.layout.to(device), self.index.to(device), self.last.to(device))
 
+    @classmethod
+    def empty(cls, device: torch.device) -> Stream:
+        """No tokens and one row that reads nothing (``moe.dummy_micro_batch``'s): an EP rank with
+        fewer micro-batches than its peers grows it by ``padded_to`` to forward as many tokens."""
+        none = torch.zeros(0, dtype=torch.long, device=device)
+        return cls(none, StreamLayout(none, []), torch.zeros(1, 1, dtype=torch.long, device=device),
+                   torch.zeros(1, dtype=torch.long, device=device))
+
+    def padded_to(self, n: int, pad_id: int) -> Stream:
+        """This stream grown to `n` tokens by pad tokens in a block of their own (expert parallelism:
+        every EP rank forwards as many tokens). The pad block attends only to itself, no real token
+        attends to it, and no row reads it (``index`` and ``last`` stay): it trains nothing."""
+        extra = n - self.computed_tokens
+        if extra < 0:
+            raise ValueError(f"a stream of {self.computed_tokens} tokens cannot be padded to {n}")
+        if extra == 0:
+            return self
+        ids = torch.cat([self.input_ids, self.input_ids.new_full((extra,), pad_id)])
+        positions = torch.cat([self.layout.positions, torch.arange(extra, device=self.layout.positions.device)])
+        layout = StreamLayout(positions, [*self.layout.blocks, Block(self.computed_tokens, n)])
+        return Stream(ids, layout, self.index, self.last)
+
 
 @dataclass(frozen=True)
 class CostModel:

@@ -270,14 +270,14 @@ class Trainer:
         mbs = [mb.to(self.device) for mb in mbs]
         if self.ep_size > 1:
             mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device,
-                                               cfg.pad_token_id)
+                                             cfg.pad_token_id, stream=self.batch_layout != "padded")
         return mbs
 
     @property
     def batch_layout(self) -> str:
-        """trainer.batch_layout, except under expert parallelism, which trains in padded batches: its
-        micro-batch equalisation (every EP rank forwards as many tokens) pads rows, not streams."""
-        return "padded" if self.ep_size > 1 else self.config.batch_layout
+        """trainer.batch_layout (under expert parallelism too: ``moe.equalize_micro_batches`` pads
+        rows of padded micro-batches and streams of packed/tree ones)."""
+        return self.config.batch_layout
 
     def _token_stats(self, model: torch.nn.Module, mb: MicroBatch, entropy: str | None = None,
                      measure: moe.Measure | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

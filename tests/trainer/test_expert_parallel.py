@@ -1,6 +1,8 @@
 """Expert parallelism is exact: a GRPO step of a Qwen3-MoE at expert_parallel 2 (two Ray ranks on
 gloo, each holding half the experts and half the batch, tokens exchanged by Megatron's allgather
-dispatcher) computes expert_parallel 1's gradients, and checkpoints move between the layouts.
+dispatcher) computes expert_parallel 1's gradients in every batch layout (padded, packed, tree:
+the EP ranks' micro-batches padded to equal forwards), with routing replay as without, and
+checkpoints move between the layouts.
 
 Tolerance as tests/trainer/test_parallel_trainer.py: |ep2 - ep1| <= 1e-6 + 1e-4 |ep1| for
 gradients (summation order); weights after an Adam step within 1e-3 + 1e-4 |w| (Adam magnifies the
@@ -9,13 +11,16 @@ noise on rarely used rows; a lost moment would move them by ~lr = 1e-2).
 
 from __future__ import annotations
 
+import copy
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 from seer.trainer.batching import TrainSequence
 from seer.trainer.config import TrainerConfig
+from seer.trainer.routing import routing_from_tensor
 from tests.trainer import rank_steps
 
 pytestmark = pytest.mark.timeout(600)
@@ -37,8 +42,11 @@ def groups(ray_session, tmp_path_factory):
     from tests.trainer.conftest import make_tiny_moe
 
     hf_dir = make_tiny_moe(tmp_path_factory.mktemp("tiny_moe_ep"), seed=3, hidden=32)
-    one = TrainerGroup.start(hf_dir, TrainerConfig(**CFG))
-    ep2 = TrainerGroup.start(hf_dir, TrainerConfig(**CFG, data_parallel=2, expert_parallel=2))
+    # built for routing replay (the routers route themselves until a step turns replay on)
+    one = TrainerGroup.start(hf_dir, TrainerConfig(**CFG, routing_replay=True))
+    ep2 = TrainerGroup.start(hf_dir, TrainerConfig(**CFG, routing_replay=True, data_parallel=2, expert_parallel=2))
+    for g in (one, ep2):
+        g.apply(lambda t: setattr(t.config, "routing_replay", False))
     yield one, ep2
     for g in (one, ep2):
         g.close()
@@ -66,6 +74,72 @@ def test_ep2_gradients_metrics_and_expert_load_equal_ep1(groups):
     assert m2.tokens == m1.tokens
     assert torch.allclose(torch.tensor(m2.extra["moe_expert_load"]), torch.tensor(m1.extra["moe_expert_load"]),
                           atol=1e-5)
+
+
+LAYOUTS = ("padded", "packed", "tree")
+
+
+def _replayed_steps_per_layout(seqs):
+    """On a rank: one step (routing replay on) per batch layout from the same weights, each step's
+    metrics and mini-batch gradients, and the forward shapes of the micro-batches every
+    ``moe.equalize_micro_batches`` call was given (before the EP group's equalisation)."""
+    def run(t):
+        from seer.trainer import moe
+
+        equalize, given = moe.equalize_micro_batches, []
+
+        def spy(mbs, *args, **kw):
+            given.append([moe.forward_shape(mb) for mb in mbs])
+            return equalize(mbs, *args, **kw)
+
+        state = copy.deepcopy(t.state_dict())  # at one rank it aliases the live parameters
+        layout, out = t.config.batch_layout, {}
+        t.config.routing_replay, moe.equalize_micro_batches = True, spy
+        try:
+            for name in LAYOUTS:
+                t.config.batch_layout = name
+                given.clear()
+                out[name] = (*rank_steps.capture(t, seqs), list(given))
+                t.load_state_dict(copy.deepcopy(state))
+        finally:
+            t.config.routing_replay, t.config.batch_layout, moe.equalize_micro_batches = False, layout, equalize
+        return out
+    return run
+
+
+def test_ep2_packed_and_tree_with_routing_replay_equal_ep1_and_padded(groups):
+    """Packed and tree streams under EP: each rank's streams are padded to the group's longest of
+    that index (a pad block that attends to nothing real) and dummy streams fill in where a rank
+    has fewer; gradients, metrics and router statistics (replayed routing) are EP=1's and the
+    padded layout's."""
+    from tests.trainer.test_moe import _prefix_routing
+    from tests.trainer.test_packing import group_seqs
+
+    seqs = [replace(s, routing=routing_from_tensor(_prefix_routing(s), 8)) for s in group_seqs(9)]
+    (ep1,) = groups[0].apply(_replayed_steps_per_layout(seqs))
+    rank0, rank1 = groups[1].apply(_replayed_steps_per_layout(seqs))
+    m0, g0, _ = ep1["padded"]
+    for layout in LAYOUTS:
+        (m1, g1, _), (m2, g2, given0), (m2b, g2b, given1) = ep1[layout], rank0[layout], rank1[layout]
+        assert m2.extra["batch_layout"] == layout
+        if layout != "padded":  # the ranks' streams really differed: equalisation padded and added dummies
+            assert all(n == 1 for shapes in given0 + given1 for n, _ in shapes)
+            assert any(len(a) != len(b) for a, b in zip(given0, given1)), (given0, given1)
+            assert any(x != y for a, b in zip(given0, given1) for x, y in zip(a, b)), (given0, given1)
+        for step in range(2):
+            atol = rank_steps.ATOL if step == 0 else 1e-4  # mini-batch 1 follows an Adam step
+            rank_steps.assert_close(g2[step], g1[step], f"{layout} EP=2 mini-batch {step} gradient", atol=atol)
+            rank_steps.assert_close(g2[step], g0[step], f"{layout} EP=2 vs padded mini-batch {step}", atol=atol)
+            assert all(torch.equal(g2[step][n], g2b[step][n]) for n in g2[step])
+        for ref in (m1, m0):
+            for field in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "logprob_mismatch_mean"):
+                assert getattr(m2, field) == pytest.approx(getattr(ref, field), rel=1e-4, abs=1e-6), (layout, field)
+            assert m2.tokens == ref.tokens
+            for key in ("moe_router_entropy", "moe_load_max", "moe_routing_differ_tokens", "moe_routing_differ_decisions"):
+                assert m2.extra[key] == pytest.approx(ref.extra[key], rel=1e-5, abs=1e-9), (layout, key)
+            torch.testing.assert_close(torch.tensor(m2.extra["moe_expert_load"]), torch.tensor(ref.extra["moe_expert_load"]),
+                                       atol=1e-5, rtol=0)
+    assert rank0["tree"][0].extra["computed_tokens"] < rank0["padded"][0].extra["computed_tokens"]
 
 
 def test_checkpoint_moves_between_expert_parallel_layouts(groups, tmp_path):

@@ -179,11 +179,19 @@ def test_group_mini_batches_compute_each_prompt_once_with_padded_gradients(train
 
 
 def test_per_token_logprobs_entropy_and_reference_equal_padded(trainer):
+    """... and so do streams grown by a pad block (expert parallelism's equalisation): no real
+    token attends to the pad tokens, and no row reads them."""
+    from seer.trainer.moe import pad_micro_batch
+
     seqs = group_seqs(3)
     out = {}
-    for layout in ("padded", "packed", "tree"):
-        trainer.config.batch_layout = layout
+    for layout in ("padded", "packed", "tree", "packed+pad", "tree+pad"):
+        trainer.config.batch_layout = layout.removesuffix("+pad")
         mbs = trainer._micro_batches(seqs)
+        if layout.endswith("+pad"):
+            mbs = [pad_micro_batch(mb, 1, mb.stream.computed_tokens + 1 + k, trainer.config.pad_token_id)
+                   for k, mb in enumerate(mbs)]
+            assert all(mb.stream.layout.blocks[-1].context is None for mb in mbs)
         rows = {}
         with torch.no_grad():
             for mb in mbs:
@@ -196,6 +204,7 @@ def test_per_token_logprobs_entropy_and_reference_equal_padded(trainer):
     for layout in ("packed", "tree"):
         for i in range(len(seqs)):
             torch.testing.assert_close(out[layout][i], out["padded"][i], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(out[layout + "+pad"][i], out[layout][i], atol=1e-6, rtol=1e-6)
     def scored():
         return [x for row in trainer.score([s.prompt_ids for s in seqs], [s.response_ids for s in seqs]) for x in row]
 
