@@ -82,7 +82,8 @@ RECORDS: dict[str, Recorded] = {
         "tests/test_run_survives_instance_loss.py::test_run_drops_a_killed_instance_and_finishes[training]",
         {"weight_update_with_dead_instance": Bound(15.0, factor=2, of="the previous update",
                                                   base="weight_update_before_s")},
-        ("weight_update_before_s",)),
+        ("weight_update_before_s", "chunks_migrated", "moved_chunks_with_prefix_from_pool", "logprob_mismatch_mean",
+         "logprob_mismatch_max")),
     "run_kv_master_loss": Recorded(
         "tests/test_run_survives_kv_master_loss.py::test_run_restarts_a_killed_kv_master_and_the_instances_use_it_again",
         {"master_restarted_in": Bound(15.0)},

@@ -10,8 +10,14 @@ bench/results/failures/run_instance_loss_<phase>.json.
 
 The training-phase run is also the Llama 3 end-to-end test (issue 29): it trains the untrained
 tiny-llama3 preset (Llama 3.1's RoPE scaling) with a length reward, so every update moves the
-policy (lr 1e-2), and the trainer's log-prob mismatch on every trained token shows that vLLM's
-scaled RoPE and the weights pushed into it in place are Megatron's, before and after the loss."""
+policy (lr 1e-2), on the Mooncake KV pool with the MoveEveryChunk test policy, which runs every
+continuation chunk on the other instance: in iterations 0 and 1 (two instances) chunks move, and
+those whose prefix fills a KV block load it from the pool, tokens generated on the other instance
+included; iteration 2, on the survivor alone, keeps every chunk there (nowhere to move). The pool's memory is in its standalone stores (the
+instances mount none), so the kill takes none of it, and the weight update that finds the instance
+dead clears the pool through the survivor within the same bound. The trainer's log-prob mismatch
+on every trained token shows that vLLM's scaled RoPE, the prefixes it loaded from the pool and the
+weights pushed into it in place are Megatron's, before and after the loss."""
 
 from __future__ import annotations
 
@@ -36,12 +42,27 @@ ROLLOUT_DROP = bound("run_instance_loss_rollout", "dropped_after_kill")
 SYNC_WITH_DEAD = bound("run_instance_loss_training", "weight_update_with_dead_instance")
 REPO = Path(__file__).resolve().parents[1]
 LENGTH_REWARD = "tests.plugins_for_tests:reward_by_length"
+MOVE = "seer.scheduler.policies.moving:MoveEveryChunk"
 MISMATCH_MEAN, MISMATCH_MAX = 1e-5, 1e-3  # fp32 on both sides; a stale or mis-built model is far above
 
 
 def _vllm_guards(pid: int) -> list[int]:
     """The job's guard processes that run a vLLM server (children of the job's Ray actors)."""
     return guards(pid, "vllm.entrypoints")
+
+
+def _moves_from_pool(trace: dict) -> tuple[int, int]:
+    """(moved chunks, those whose cached prefix goes past their request's previous chunk's prompt).
+
+    The new instance can hold that much of the prefix itself at most (it ran the request no later
+    than the chunk before the previous one): the rest, generated on the other instance, it loaded
+    from the pool."""
+    from seer.watch.trace import chunk_slices
+
+    ok = [c for c in chunk_slices(trace) if c["finish"] != "error"]
+    prompt = {(c["request"], c["chunk"]): c["prompt_tokens"] for c in ok}
+    moved = [c for c in ok if c["migrated"]]
+    return len(moved), sum(c["prefix_cached"] > prompt[c["request"], c["chunk"] - 1] for c in moved)
 
 
 def _running(guard: int) -> int:
@@ -66,8 +87,10 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
     run_dir = tmp_path / "run"
     sets = {"model.preset": "tiny", "task.num_prompts": 8, "rollout.groups_per_iteration": 4,
             "rollout.group_size": 4, "rollout.max_tokens": 128, "kvpool.enabled": "false", "trainer.lr": 1e-4}
-    if phase == "training":  # the Llama 3 end-to-end run (the module's docstring)
-        sets.update({"model.preset": "tiny-llama3", "task.reward": LENGTH_REWARD, "trainer.lr": 1e-2})
+    if phase == "training":  # the Llama 3 end-to-end run on the pool (the module's docstring)
+        sets.update({"model.preset": "tiny-llama3", "task.reward": LENGTH_REWARD, "trainer.lr": 1e-2,
+                     "kvpool.enabled": "true", "kvpool.capacity_bytes": 16 * 2**20,
+                     "scheduler.policy": MOVE, "scheduler.chunk_size": 32})
     cmd = [sys.executable, "-m", "seer.cli", "--sync", "--iterations", "3", "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -142,10 +165,23 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
         assert recs[0]["reward_std"] > 0 and recs[0]["grad_norm"] > 0  # the update is not zero
         for r in recs:
             assert r["logprob_mismatch_mean"] < MISMATCH_MEAN and r["logprob_mismatch_max"] < MISMATCH_MAX, r
+        # the KV pool: with two instances every continuation moved, and moved chunks loaded the
+        # tokens generated on the other instance from the pool; on the survivor alone none moved
+        assert all(r["policy"] == "move_every_chunk" for r in recs), [r["policy"] for r in recs]
+        moves = [_moves_from_pool(json.loads((run_dir / "rollouts" / f"iter_{i:04d}.trace.json").read_text()))
+                 for i in (0, 1)]
+        for i, (moved, from_pool) in enumerate(moves):
+            assert moved == recs[i]["chunks_migrated"] > 0 and from_pool > 0, (i, moved, from_pool, recs[i])
+        assert recs[2]["chunks_migrated"] == 0 and recs[2]["chunks_dispatched"] > recs[2]["num_samples"], recs[2]
         sync0, sync1 = recs[0]["weight_sync_s"], recs[1]["weight_sync_s"]
         SYNC_WITH_DEAD.check(sync1, base_s=sync0)
         record("run_instance_loss_training",
-               {"weight_update_with_dead_instance_s": round(sync1, 2), "weight_update_before_s": round(sync0, 2)},
-               "seer-run --sync, 2 instances, the untrained tiny-llama3 preset; one SIGKILLed once iteration 1's "
-               "samples are saved (training); the "
-               "weight update after it finds the instance dead, drops it and loads the others")
+               {"weight_update_with_dead_instance_s": round(sync1, 2), "weight_update_before_s": round(sync0, 2),
+                "chunks_migrated": [m for m, _ in moves], "moved_chunks_with_prefix_from_pool": [p for _, p in moves],
+                "logprob_mismatch_mean": max(r["logprob_mismatch_mean"] for r in recs),
+                "logprob_mismatch_max": max(r["logprob_mismatch_max"] for r in recs)},
+               "seer-run --sync, 2 instances, the untrained tiny-llama3 preset, the KV pool with MoveEveryChunk "
+               "(chunks of 32 tokens); one instance SIGKILLed once iteration 1's samples are saved (training); the "
+               "weight update after it finds the instance dead, drops it, loads the other and clears the pool "
+               "through it; chunks migrated in iterations 0 and 1, of them with tokens from the other instance "
+               "loaded from the pool; the log-prob mismatch's largest mean and max over the 3 iterations")
