@@ -4,7 +4,8 @@ Issue 30, item 6. The parts that need no instance are tested in tests/bench/test
 
     python -m bench.agent_gateway                              # the comparison docs/agents.md quotes
     python -m bench.agent_gateway --iterations 1 --repeats 1 --groups 4   # a quick look
-    python -m bench.agent_gateway --render DIR                 # re-summarize DIR/agent_gateway.json
+    python -m bench.agent_gateway --replay-model 1024x8        # the same, timed on a larger model
+    python -m bench.agent_gateway --render DIR                 # re-summarize DIR/agent_gateway*.json
 
 What it measures, on real instances over the KV pool with context-aware scheduling:
 - env: the built-in calculator task on multi-turn rollout (seer.rollout.multi_turn), its
@@ -37,7 +38,17 @@ call, re-render). It is wall time on the driver's event loop: on a busy loop it 
 there behind other work (the scheduler; with `agent.mode: loop`, the agents' own clients). The
 agents' processes are in the configuration's tokens/s, not in this number.
 
-Writes <out>/agent_gateway.json and agent_gateway.md (default out: bench/results/agent_gateway).
+A larger model (`--replay-model`): the calculator's own model is tiny (~1 ms of aggregate model time per
+token, mostly vLLM's per-step overhead), so a fixed per-call cost of the client weighs far more against
+it than against a real model. With `--replay-model` the warm-up still runs the calculator's model (its
+trajectories have the task's shape), and the timed runs replay those tokens on instances of the larger
+model: replay generates each turn's recorded length and returns the recorded tokens, so the larger
+model's skill never matters (an untrained one of the same byte vocabulary serves), only its cost. The
+run also measures that model's decode time per token (`decode_probe`): one request alone, and as many at
+once as a timed iteration runs.
+
+Writes <out>/agent_gateway.json and agent_gateway.md, or agent_gateway_<replay model>.json/.md with
+`--replay-model` (default out: bench/results/agent_gateway).
 """
 
 from __future__ import annotations
@@ -87,6 +98,7 @@ class GWSettings:
     env_mode: str = "process"  # env.mode of the env configuration (its environment workers)
     configs: str = ",".join(CONFIGS)  # comma-separated, of env, gateway, gateway_loop, gateway_sticky
     seed: int = 0  # seeds the prompts, the warm-up's sampling and the tool latencies
+    replay_model: str = ""  # time on this model instead ('' = `model`): a preset, or HIDDENxLAYERS (untrained qwen2)
     out: str = str(OUT)  # where the json and md go
 
     def __post_init__(self) -> None:
@@ -95,6 +107,31 @@ class GWSettings:
             raise ValueError(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
         if self.agent_mode not in ("process", "loop"):
             raise ValueError(f"agent_mode must be process or loop, got {self.agent_mode!r}")
+        if self.replay_model:
+            replay_preset(self.replay_model)  # fails early on a bad name
+
+    @property
+    def stem(self) -> str:
+        """The result files' name: agent_gateway, or agent_gateway_<replay model>."""
+        return "agent_gateway" + (f"_{self.replay_model}" if self.replay_model else "")
+
+
+def replay_preset(name: str):
+    """The timed runs' model of `--replay-model`: a preset by name, or HIDDENxLAYERS, an untrained qwen2
+    of the presets' byte vocabulary (head_dim 64, a quarter of the heads for keys and values, MLP 8/3
+    of hidden as Llama's), which replay needs for its cost only."""
+    from seer.model.presets import PRESETS, ArchSpec, ModelPreset, get_preset
+
+    if name in PRESETS:
+        return get_preset(name)
+    try:
+        hidden, layers = (int(x) for x in name.split("x"))
+    except ValueError:
+        raise ValueError(f"--replay-model: a preset ({', '.join(PRESETS)}) or HIDDENxLAYERS, got {name!r}") from None
+    heads = max(1, hidden // 64)
+    return ModelPreset(name=f"replay-{name}", arch=ArchSpec(
+        hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=max(1, heads // 4),
+        intermediate_size=(8 * hidden // 3 + 63) // 64 * 64), warm_start=None)
 
 
 def order(configs: Sequence[str], repeat: int) -> list[str]:
@@ -375,9 +412,10 @@ def workloads(s: GWSettings, prompts: list, samples: list) -> tuple[list[Workloa
 
 
 async def compare(clients, s: GWSettings, tok, model_dir: Path, prompts: list, runs: list[dict],
-                  checks: list[dict], progress) -> dict:
-    """The warm-up, then every configuration and repeat over `clients` (real instances, or any
-    InstanceBackends with reset_prefix_cache); appends to `runs` and `checks`; returns the warm-up's numbers."""
+                  checks: list[dict], progress, samples: list | None = None) -> dict:
+    """The warm-up (unless its `samples` are given: recorded on other instances), then every
+    configuration and repeat over `clients` (real instances, or any InstanceBackends with
+    reset_prefix_cache); appends to `runs` and `checks`; returns the warm-up's numbers."""
     from seer.rollout.agents import AgentConfig, AgentRunner, AgentSpec
     from seer.rollout.base import RolloutContext
     from seer.tasks.env import EnvConfig, EnvRunner
@@ -395,7 +433,8 @@ async def compare(clients, s: GWSettings, tok, model_dir: Path, prompts: list, r
                for mode in dict.fromkeys((s.agent_mode, "loop"))}
     gw, server, clock = await start_gateway(tok, model_dir, s)
     try:
-        samples = await calculator_samples(clients, s, prompts, model_dir, kv_pool=True, tok=tok)
+        if samples is None:
+            samples = await calculator_samples(clients, s, prompts, model_dir, kv_pool=True, tok=tok)
         works, warm = workloads(s, prompts, samples)
         progress(f"warm-up: {json.dumps(warm)}")
 
@@ -457,9 +496,10 @@ def run(s: GWSettings, progress=print) -> dict:
     from seer.procs import cpu_sets
 
     from bench.harness.instances import instance_specs
-    from bench.multiturn_compare import _commit
+    from bench.multiturn_compare import _commit, _reset, calculator_samples
 
     model_dir = ensure_model(s.model)
+    timed_dir = ensure_model(replay_preset(s.replay_model)) if s.replay_model else model_dir
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = _records(s, s.groups * s.iterations, tok)
     out = Path(s.out)
@@ -469,24 +509,65 @@ def run(s: GWSettings, progress=print) -> dict:
     kv = KVPool.start(KVPoolConfig(capacity_bytes=s.kv_pool_bytes), out / "kvpool")
     runs: list[dict] = []
     checks: list[dict] = []
-    try:
-        specs = [kv.configure(x) for x in instance_specs(s, model_dir, cpu_sets(s.instances), prefix="pool-inst")]
-        progress(f"starting {len(specs)} vLLM instances on the KV pool")
+    probes: dict[str, dict] = {}
+
+    def on_instances(directory: Path, body):
+        """`body(clients)` on fresh instances of `directory`'s model, after its decode probe."""
+        specs = [kv.configure(x) for x in instance_specs(s, directory, cpu_sets(s.instances), prefix="pool-inst")]
+        progress(f"starting {len(specs)} vLLM instances of {directory.name} on the KV pool")
         with InstancePool.launch(specs, out / "logs") as ipool:
             progress(f"instances ready in {time.monotonic() - t0:.0f} s")
-            clients = ipool.clients
 
-            async def go() -> dict:
+            async def go():
                 try:
-                    return await compare(clients, s, tok, model_dir, prompts, runs, checks, progress)
+                    await _reset(ipool.clients, True)  # the pool may hold another model's KV
+                    probes[directory.name] = await decode_probe(ipool.clients[0], prompts, s)
+                    progress(f"decode probe {directory.name}: {json.dumps(probes[directory.name])}")
+                    return await body(ipool.clients)
                 finally:
                     await ipool.aclose_clients()
 
-            warm = asyncio.run(go())
+            return asyncio.run(go())
+
+    try:
+        samples = None
+        if timed_dir != model_dir:  # the warm-up on the task's model, the timed runs on the larger one
+            samples = on_instances(model_dir, lambda clients: calculator_samples(
+                clients, s, prompts, model_dir, kv_pool=True, tok=tok))
+        warm = on_instances(timed_dir, lambda clients: compare(
+            clients, s, tok, model_dir, prompts, runs, checks, progress, samples=samples))
     finally:
         kv.close()
+    warm["decode_probe"] = probes
+    warm["timed_model"] = timed_dir.name
     tokens = token_checks(checks)
     return write(s, runs, warm, tokens, out, time.monotonic() - t0, provenance)
+
+
+async def decode_probe(client, prompts: list, s: GWSettings, tokens: int = 64) -> dict:
+    """The model's decode time per token on one instance, measured before the timed runs: one request
+    alone (ms per token of a sequence), then as many at once as the iterations' sessions per instance
+    (ms per step, and the instance's ms per token over all of them). Salted: no cached prefix."""
+    from seer.types import GenerateRequest, SamplingParams
+
+    async def batch(n: int, tag: str) -> float:
+        sampling = SamplingParams(temperature=1.0, max_tokens=tokens, seed=s.seed, ignore_eos=True)
+        reqs = [GenerateRequest(f"probe-{tag}-{i}", list(prompts[i % len(prompts)].prompt_ids), tokens, sampling,
+                                logprobs=False, cache_salt=f"probe-{tag}-{i}") for i in range(n)]
+        t = time.perf_counter()
+        outs = await asyncio.gather(*(client.generate(r) for r in reqs))
+        wall = time.perf_counter() - t
+        if any(len(o.token_ids) != tokens for o in outs):
+            raise RuntimeError("decode probe: a request ended early")
+        return wall
+
+    await batch(1, "warm")
+    alone = await batch(1, "alone")
+    n = max(1, min(s.max_num_seqs, s.groups * s.group_size // s.instances))
+    together = await batch(n, "together")
+    return {"tokens": tokens, "alone_ms_per_token": round(1e3 * alone / tokens, 3), "together": n,
+            "together_ms_per_step": round(1e3 * together / tokens, 3),
+            "together_ms_per_token": round(1e3 * together / (tokens * n), 3)}
 
 
 def token_checks(checks: list[dict]) -> dict:
@@ -567,8 +648,8 @@ def write(s: GWSettings, runs: list[dict], warm: dict, tokens: dict, out: Path, 
               "machine": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
               "elapsed_s": round(elapsed_s, 1), **provenance, "warm_up": warm, "configs": summarize(runs),
               "same_tokens": tokens, "runs": runs}
-    (out / "agent_gateway.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / "agent_gateway.md").write_text(markdown(result) + "\n")
+    (out / f"{s.stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / f"{s.stem}.md").write_text(markdown(result) + "\n")
     return result
 
 
@@ -601,6 +682,7 @@ def markdown(result: dict) -> str:
                      f"{cost} | {share} | {same} | {rew} |")
     lines += why(rows)
     w = result.get("warm_up", {})
+    lines += probe_lines(s, w)
     lines += ["", f"Warm-up (the model on the real environment, untimed): {w.get('trajectories')} trajectories, "
               f"{w.get('model_tokens')} model tokens, turns median {w.get('turns_median')} max {w.get('turns_max')}, "
               f"longest turn {w.get('longest_turn_tokens')} tokens, {w.get('cut_by_budget')} cut by the budget.",
@@ -639,11 +721,29 @@ def why(rows: dict) -> list[str]:
     return out
 
 
+def probe_lines(s: dict, warm: dict) -> list[str]:
+    """The timed model and its measured decode time per token (runs recorded before the probe: none)."""
+    probes = warm.get("decode_probe")
+    if not probes:
+        return []
+    timed = warm.get("timed_model", s["model"])
+    out = ["", f"Timed on `{timed}`" + (f" (`--replay-model {s['replay_model']}`: the warm-up's trajectories of "
+                                        f"`{s['model']}` replayed on it, token for token)" if s.get("replay_model") else "")
+           + "; the models' decode time per token, measured in this run on one fresh instance before its runs "
+           "(64 tokens per request, the prompts' prefill included):"]
+    for name, p in probes.items():
+        out.append(f"- `{name}`: one request alone {p['alone_ms_per_token']:.2f} ms per token; {p['together']} at once "
+                   f"{p['together_ms_per_step']:.1f} ms per step, {p['together_ms_per_token']:.3f} ms per token of the instance")
+    return out
+
+
 def render(out: Path) -> dict:
-    """Rewrite `out/agent_gateway.md` from its json with this code."""
-    old = json.loads((out / "agent_gateway.json").read_text())
-    old["configs"] = summarize(old["runs"])
-    (out / "agent_gateway.md").write_text(markdown(old) + "\n")
+    """Rewrite every `out/agent_gateway*.md` from its json with this code (returns the last)."""
+    old: dict = {}
+    for path in sorted(out.glob("agent_gateway*.json")):
+        old = json.loads(path.read_text())
+        old["configs"] = summarize(old["runs"])
+        path.with_suffix(".md").write_text(markdown(old) + "\n")
     return old
 
 

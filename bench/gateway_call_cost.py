@@ -12,7 +12,8 @@ CPU time and, in process mode, the agent processes' (the agent host's and its re
 each per call. One runner
 per mode serves every iteration (as one serves a run), warmed by two untimed small iterations. With
 `--profile`, one more loop-mode iteration under cProfile, its own time summed by package: where a
-call's CPU goes.
+call's CPU goes; and the gateway's own parts with what they call (cumulative): what removing from
+the gateway could at most save.
 
 Writes <out>/gateway_call_cost.json and .md (default out: bench/results/agent_gateway).
 """
@@ -111,6 +112,28 @@ def by_package(stats: pstats.Stats, top: int = 14) -> list[tuple[str, float]]:
     return [(k, round(v / total, 4)) for k, v in agg.most_common(top)]
 
 
+# The gateway's parts in a loop-mode call, by cProfile's cumulative time (a coroutine's counts only
+# while it runs, not while it waits): the request path behind the in-process door, the session work
+# per turn, the per-chunk cut, and the two pieces in them that a call pays twice or per request.
+GATEWAY_PARTS = {
+    "request path (in-process transport, Api.handle and all under it)": ("gateway/server.py", "handle_async_request"),
+    "session work per turn (Gateway.on_turn_end: _take, _deliver)": ("gateway/core.py", "on_turn_end"),
+    "per-chunk cut (GatewayTurns.cut)": ("gateway/core.py", "cut"),
+    "rendering the conversation (ChatFormat.render, twice per call)": ("model/chat.py", "render"),
+    "the key's HMAC (Gateway.session_of)": ("gateway/core.py", "session_of"),
+}
+
+
+def gateway_parts(stats: pstats.Stats) -> list[tuple[str, float]]:
+    """Each of GATEWAY_PARTS' cumulative time as a share of the profile's total own time."""
+    total = sum(v[2] for v in stats.stats.values())
+    out = []
+    for label, (path, name) in GATEWAY_PARTS.items():
+        ct = sum(v[3] for (fn, _line, fname), v in stats.stats.items() if fn.endswith(path) and fname == name)
+        out.append((label, round(ct / total, 4)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=8, help="prompts (default: 8)")
@@ -140,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:8s} {r['calls']} calls  wall {1e3 * r['wall_s'] / r['calls']:.2f} ms/call  driver cpu "
                   f"{1e3 * r['driver_cpu_s'] / r['calls']:.2f}  agents cpu {1e3 * r['agents_cpu_s'] / r['calls']:.2f}",
                   flush=True)
-    profile = None
+    profile = parts = None
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
         asyncio.run(iteration(runners["loop"], a.groups, a.group_size, a.chunk))
         prof.disable()
         profile = by_package(pstats.Stats(prof))
+        parts = gateway_parts(pstats.Stats(prof))
     for r in runners.values():
         asyncio.run(r.close())
     summary = {}
@@ -163,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     old["runs"][label] = {"command": "python -m bench.gateway_call_cost " + " ".join(argv or sys.argv[1:]),
                           "commit": commit, "code": str(code), "machine": platform.platform(), "cpus": os.cpu_count(),
-                          "load_average": os.getloadavg(), "summary": summary, "profile": profile, "rows": rows}
+                          "load_average": os.getloadavg(), "summary": summary, "profile": profile, "gateway_parts": parts,
+                          "rows": rows}
     path.write_text(json.dumps(old, indent=1) + "\n")
     (out / "gateway_call_cost.md").write_text(markdown(old) + "\n")
     return 0
@@ -184,6 +209,10 @@ def markdown(result: dict) -> str:
         if run.get("profile"):
             lines += ["", f"Where the driver's CPU goes with the agents on its loop ({label}; cProfile own time by "
                       "package): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in run["profile"]) + "."]
+        if run.get("gateway_parts"):
+            lines += ["", f"The gateway's own parts in that profile ({label}; cumulative: each with what it calls, "
+                      "a share of the driver's CPU): " + "; ".join(f"{k} {100 * v:.1f}%" for k, v in run["gateway_parts"])
+                      + "."]
     return "\n".join(lines)
 
 

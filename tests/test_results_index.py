@@ -446,11 +446,13 @@ AGENT_GATEWAY_COLUMNS = {
 }
 
 
-def test_agents_doc_gateway_table_matches_the_recording():
-    """docs/agents.md's comparison of the gateway and the Environment shows agent_gateway.json's numbers."""
-    header, rows = table_after(ROOT / "docs" / "agents.md", "### The gateway against the Environment",
-                               "configuration | model tok/s")
-    rec = load("agent_gateway/agent_gateway.json")
+@pytest.mark.parametrize("anchor, recording", [
+    ("### The gateway against the Environment", "agent_gateway/agent_gateway.json"),
+    ("### At a larger model's cost", "agent_gateway/agent_gateway_1024x8.json")])
+def test_agents_doc_gateway_table_matches_the_recording(anchor, recording):
+    """docs/agents.md's comparisons of the gateway and the Environment show their recordings' numbers."""
+    header, rows = table_after(ROOT / "docs" / "agents.md", anchor, "configuration | model tok/s")
+    rec = load(recording)
     assert {label(r[0]).strip("`") for r in rows} == set(rec["configs"])
     for row in rows:
         name = label(row[0]).strip("`")

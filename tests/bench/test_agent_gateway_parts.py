@@ -8,7 +8,7 @@ from types import SimpleNamespace as N
 
 import pytest
 
-from bench.agent_gateway import GWSettings, TokenReplayBackend, TokenScript, order, same_tokens, summarize
+from bench.agent_gateway import GWSettings, TokenReplayBackend, TokenScript, order, replay_preset, same_tokens, summarize
 from seer.request_ids import chunk_id, request_id
 from seer.tasks import calculator
 from seer.tasks.agents.calculator_tool import CalculatorTool
@@ -49,6 +49,15 @@ def test_configurations_alternate_and_are_checked():
     assert order(["env", "gateway"], 0) == ["env", "gateway"] and order(["env", "gateway"], 1) == ["gateway", "env"]
     with pytest.raises(ValueError, match="unknown configurations"):
         GWSettings(configs="env,nope")
+
+
+def test_a_replay_model_is_a_preset_or_an_untrained_size_with_its_own_result_files():
+    big = replay_preset("1024x8")
+    assert big.warm_start is None and big.arch.vocab_size == replay_preset("calc").arch.vocab_size  # the same tokens
+    assert (big.arch.hidden_size, big.arch.num_layers, big.arch.num_heads, big.arch.num_kv_heads) == (1024, 8, 16, 4)
+    assert GWSettings().stem == "agent_gateway" and GWSettings(replay_model="1024x8").stem == "agent_gateway_1024x8"
+    with pytest.raises(ValueError, match="HIDDENxLAYERS"):
+        GWSettings(replay_model="big")
 
 
 def test_the_summary_and_the_token_check():

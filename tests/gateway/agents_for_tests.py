@@ -261,17 +261,36 @@ async def command_agent(base_url: str, api_key: str, session_id: str, record: di
     return outcome.reward
 
 
-async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict) -> float | None:
-    """The calculator over /v1/completions: the agent keeps the transcript as text and appends results."""
+COMPLETION_LOGPROBS: dict[str, list[float]] = {}  # session id -> its calls' token log-probs, in order
+
+
+async def completions_agent(base_url: str, api_key: str, session_id: str, record: dict, *,
+                            stream: bool = False) -> float | None:
+    """The calculator over /v1/completions: the agent keeps the transcript as text and appends results.
+    Streamed: every piece but the last is exactly its tokens' text (from its own log-probs' offsets)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     text, left = record["prompt"], int(record["reference"]["total"])
+    lps = COMPLETION_LOGPROBS.setdefault(session_id, [])
     try:
         for _ in range(20):
-            r = await client.completions.create(model=MODEL, prompt=text, max_tokens=32, stop=["</calc>"], logprobs=1)
-            out = r.choices[0].text
-            assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+            if stream:
+                out, pieces = "", []
+                async for r in await client.completions.create(model=MODEL, prompt=text, max_tokens=32,
+                                                               stop=["</calc>"], logprobs=1, stream=True):
+                    c = r.choices[0]
+                    pieces.append((c.text, c.logprobs.tokens, c.logprobs.text_offset))
+                    lps.extend(c.logprobs.token_logprobs)
+                    out += c.text
+                for piece, tokens, offsets in pieces[:-1]:
+                    assert "".join(tokens) == piece and offsets[0] == out.index(piece), pieces
+            else:
+                r = await client.completions.create(model=MODEL, prompt=text, max_tokens=32, stop=["</calc>"],
+                                                    logprobs=1)
+                out = r.choices[0].text
+                assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+                lps.extend(r.choices[0].logprobs.token_logprobs)
             text += out
             m = re.search(r"<calc>(\d+-\d+)$", out)  # the stop string is not in the text (OpenAI's rule)
             value = calculator(m.group(1), left) if m else None
@@ -284,34 +303,51 @@ async def completions_agent(base_url: str, api_key: str, session_id: str, record
         await client.close()
 
 
+async def streaming_completions_agent(base_url, api_key, session_id, record):
+    return await completions_agent(base_url, api_key, session_id, record, stream=True)
+
+
 SAID: dict[str, list] = {}  # session id -> per call (content deltas, tool calls, finish reason), for the test to read
 SAID_SEEN: list[str] = []  # content deltas received so far (a gated test engine waits for the first)
+# session id -> per call, per answer chunk that held log-probs: (its content, [(token, logprob), ...])
+SAID_LOGPROBS: dict[str, list] = {}
 
 
 async def talking_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = True,
-                        http_client=None) -> float | None:
+                        http_client=None, logprobs: bool = False) -> float | None:
     """Two calls with the calculator tool, streamed or not; records what each call's answer held."""
     from openai import AsyncOpenAI
+
+    def lps(content, lp) -> tuple[str, list]:
+        return content or "", [(x.token, x.logprob) for x in lp.content or []]
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
     messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
     said = SAID.setdefault(session_id, [])
+    said_lp = SAID_LOGPROBS.setdefault(session_id, [])
+    extra = {"logprobs": True} if logprobs else {}
     try:
         for _ in range(2):
             deltas, calls, finish = [], [], None
+            said_lp.append([])
             if stream:
                 events = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL],
-                                                              stream=True, stream_options={"include_usage": True})
+                                                              stream=True, stream_options={"include_usage": True},
+                                                              **extra)
                 async for chunk in events:
                     for ch in chunk.choices:
                         if ch.delta.content:
                             deltas.append(ch.delta.content)
                             SAID_SEEN.append(ch.delta.content)
+                        if ch.logprobs is not None:
+                            said_lp[-1].append(lps(ch.delta.content, ch.logprobs))
                         calls += [(c.id, c.function.name, c.function.arguments) for c in ch.delta.tool_calls or []]
                         finish = ch.finish_reason or finish
             else:
-                r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL])
+                r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL], **extra)
                 m, finish = r.choices[0].message, r.choices[0].finish_reason
+                if r.choices[0].logprobs is not None:
+                    said_lp[-1].append(lps(m.content, r.choices[0].logprobs))
                 deltas = [m.content] if m.content else []
                 calls = [(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
             said.append((deltas, calls, finish))
@@ -338,3 +374,12 @@ async def talking_agent_socket(base_url, api_key, session_id, record):
 
 async def talking_agent_plain(base_url, api_key, session_id, record, http_client=None):
     return await talking_agent(base_url, api_key, session_id, record, stream=False, http_client=http_client)
+
+
+async def talking_agent_logprobs(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, http_client=http_client, logprobs=True)
+
+
+async def talking_agent_plain_logprobs(base_url, api_key, session_id, record, http_client=None):
+    return await talking_agent(base_url, api_key, session_id, record, stream=False, http_client=http_client,
+                               logprobs=True)

@@ -183,36 +183,39 @@ class TalkEngine(CalcEngine):
                               now, now)
 
 
+def run_talking(agent: str, gated: bool):
+    """One session of `agent` (tests.gateway.agents_for_tests' talking agents) over TalkEngines, chunk 2:
+    its sample, what it was told per call (SAID), the engines, the gateway."""
+    agents.SAID.clear()
+    agents.SAID_SEEN.clear()
+    agents.SAID_LOGPROBS.clear()
+    engines = [TalkEngine("e0", gated), TalkEngine("e1", gated)]
+
+    async def go():
+        gw = Gateway(EmbeddedChat(TOK.eos_token), encode, lambda ids: TOK.decode(ids, skip_special_tokens=False),
+                     lambda ids: TOK.decode(ids, skip_special_tokens=True), TOK.eos_token, agents.MODEL,
+                     GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
+        server = GatewayServer(gw, "127.0.0.1")
+        await server.start()
+        runner = AgentRunner(AgentSpec.parse(f"{AGENTS}:{agent}", 60.0, cfg=AgentConfig(mode="loop")), 2)
+        try:
+            ctx = RolloutContext(engines, scheduler(chunk=2), RewardRunner("seer.tasks.calculator:score"),
+                                 decode=lambda ids: TOK.decode(ids, skip_special_tokens=True), encode=encode,
+                                 gateway=gw, agents=runner)
+            return await gateway_rollout(ctx, RolloutRequest(0, calc_prompts([9]), 1,
+                                                             SamplingParams(max_tokens=64))), gw
+        finally:
+            await server.close()
+
+    batch, gw = asyncio.run(go())
+    (said,) = agents.SAID.values()
+    return batch.samples[0], said, engines, gw
+
+
 @pytest.mark.parametrize("door", ["in_process", "socket"])
 def test_a_streamed_call_sends_its_content_as_the_turns_chunks_return_and_ends_as_the_plain_call(door):
-    prompts = calc_prompts([9])
-
-    def run(agent: str, gated: bool):
-        agents.SAID.clear()
-        agents.SAID_SEEN.clear()
-        engines = [TalkEngine("e0", gated), TalkEngine("e1", gated)]
-
-        async def go():
-            gw = Gateway(EmbeddedChat(TOK.eos_token), encode, lambda ids: TOK.decode(ids, skip_special_tokens=False),
-                         lambda ids: TOK.decode(ids, skip_special_tokens=True), TOK.eos_token, agents.MODEL,
-                         GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
-            server = GatewayServer(gw, "127.0.0.1")
-            await server.start()
-            runner = AgentRunner(AgentSpec.parse(f"{AGENTS}:{agent}", 60.0, cfg=AgentConfig(mode="loop")), 2)
-            try:
-                ctx = RolloutContext(engines, scheduler(chunk=2), RewardRunner("seer.tasks.calculator:score"),
-                                     decode=lambda ids: TOK.decode(ids, skip_special_tokens=True), encode=encode,
-                                     gateway=gw, agents=runner)
-                return await gateway_rollout(ctx, RolloutRequest(0, prompts, 1, SamplingParams(max_tokens=64))), gw
-            finally:
-                await server.close()
-
-        batch, gw = asyncio.run(go())
-        (said,) = agents.SAID.values()
-        return batch.samples[0], said, engines, gw
-
-    plain, plain_said, _, _ = run("talking_agent_plain", gated=False)
-    sample, said, engines, gw = run(f"talking_agent_{door}", gated=True)
+    plain, plain_said, _, _ = run_talking("talking_agent_plain", gated=False)
+    sample, said, engines, gw = run_talking(f"talking_agent_{door}", gated=True)
     assert (gw.counters["in_process"] > 0) == (door == "in_process")
     # the content came in several deltas, the first while the turn was still being generated
     assert len(said[0][0]) > 1 and sum(e.waited_out for e in engines) == 0, said
@@ -225,6 +228,26 @@ def test_a_streamed_call_sends_its_content_as_the_turns_chunks_return_and_ends_a
     # the streamed text is the turn's tokens' text, and the session's tokens are the plain call's
     assert TOK.decode(sample.response_ids).startswith(TalkEngine.SAID + TalkEngine.CALL)
     assert sample.response_ids == plain.response_ids and sample.loss_mask == plain.loss_mask
+
+
+def test_a_streamed_call_with_logprobs_sends_each_delta_with_its_tokens_logprobs_while_the_turn_is_generated():
+    """`logprobs` with `stream`: the content still streams per chunk (the gated engine finishes a turn
+    only once some of its content arrived), each delta is whole tokens carrying their log-probs, and
+    the stream's log-probs are every token of the turn as the plain call's."""
+    _, plain_said, _, _ = run_talking("talking_agent_plain_logprobs", gated=False)
+    plain_lp = list(agents.SAID_LOGPROBS.values())[0]
+    sample, said, engines, _ = run_talking("talking_agent_logprobs", gated=True)
+    (streamed_lp,) = agents.SAID_LOGPROBS.values()
+    assert sum(e.waited_out for e in engines) == 0 and len(said[0][0]) > 1, said
+    for call, (deltas, _, _), plain_call in zip(streamed_lp, said, plain_lp, strict=True):
+        # every delta before the last is exactly its tokens' text; the last adds the tool call's tokens or EOS
+        assert len([c for c in call[:-1] if c[0]]) > 1
+        assert all("".join(t for t, _ in toks) == text for text, toks in call[:-1])
+        assert "".join(text for text, _ in call) == "".join(deltas)
+        (_, plain_toks), = plain_call
+        assert [x for _, toks in call for x in toks] == plain_toks
+    # and they are the model's: the session's trained log-probs, call after call
+    assert [lp for call in streamed_lp for _, toks in call for _, lp in toks] == sample.logprobs
 
 
 def test_a_session_that_rewrites_its_history_is_trained_as_its_branches_without_retokenized_model_tokens():
@@ -339,6 +362,11 @@ def test_completions_calls_continue_the_session_token_exact():
     # the agent's stop string is kept in the tokens (the model wrote it), so the same trajectory
     assert s.response_ids == chat.samples[0].response_ids and s.loss_mask == chat.samples[0].loss_mask
     assert s.reward == 1.0 and plain.stats.extra["gateway_branches"] == 0
+    agents.COMPLETION_LOGPROBS.clear()
+    (streamed,), _, _ = asyncio.run(run_gateway("streaming_completions_agent", prompts, group_size=1))
+    # streamed with log-probs (per piece, as its chunks return): the same session, every token's log-prob
+    assert streamed.samples[0].response_ids == s.response_ids
+    assert list(agents.COMPLETION_LOGPROBS.values()) == [streamed.samples[0].logprobs]
 
 
 def test_a_checkpoint_with_its_own_template_renders_with_it_and_reads_calls_with_vllms_parser_of_its_family():

@@ -86,6 +86,9 @@ class Call:
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     turn_ids: list[int] = field(default_factory=list)  # the turn's tokens so far, as its chunks return (streaming)
     progress: asyncio.Event = field(default_factory=asyncio.Event)  # set when turn_ids grew
+    # where the turn's log-probs start in its request's `logprobs` (they follow turn_ids as its chunks
+    # return, so a streamed call can send each delta's log-probs with it)
+    lp_at: int = 0
 
 
 @dataclass(eq=False)
@@ -381,6 +384,7 @@ class GatewayTurns:
         r = self.gw.by_request[request_id].request
         if r is not None:  # the dispatcher keeps no more than the trajectory's budget
             keep = max(0, min(keep, r.max_tokens - r.generated))
+            c.lp_at = len(r.logprobs) - len(turn_ids)  # the dispatcher appends the kept tokens' after this cut
         c.turn_ids = [*turn_ids, *new_ids[:keep]]  # the chunk's tokens stream out now (server.Partial)
         c.progress.set()
         return cut

@@ -16,7 +16,10 @@ or route, 405 a route's wrong method, 409 a session that ended or is busy, 413 a
 
 Streaming (`stream: true`) sends a turn's text as its chunks return (the scheduler generates a turn
 as chunks; `Call.turn_ids` grows with each), holding back what may still become a tool call, a stop
-string or EOS; the tool calls, the finish reason and the usage follow when the turn ends.
+string or EOS; the tool calls, the finish reason and the usage follow when the turn ends. With
+`logprobs`, each delta is whole tokens and carries their log-probs (OpenAI's
+`choices[0].logprobs.content`); the last delta carries those of the tokens not sent before (a tool
+call's, EOS), so that a stream's log-probs are every token of the turn, in order, as a plain call's.
 """
 
 from __future__ import annotations
@@ -202,12 +205,22 @@ def _usage(result: TurnResult) -> dict:
             "total_tokens": result.prompt_tokens + len(result.ids)}
 
 
-def _chat_logprobs(gw: Gateway, result: TurnResult) -> dict:
+def _chat_logprobs(gw: Gateway, ids: list[int], logprobs: list[float]) -> dict:
     out = []
-    for tid, lp in zip(result.ids, result.logprobs):
+    for tid, lp in zip(ids, logprobs):
         tok = gw.decode_all([tid])
         out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
     return {"content": out}
+
+
+def _completion_logprobs(gw: Gateway, ids: list[int], logprobs: list[float], at: int = 0) -> dict:
+    """The completions API's log-probs of `ids`, their text starting at offset `at`."""
+    toks = [gw.decode_all([t]) for t in ids]
+    offsets = []
+    for t in toks:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": toks, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
 
 
 def chat_response(gw: Gateway, result: TurnResult, logprobs: bool) -> dict:
@@ -216,20 +229,13 @@ def chat_response(gw: Gateway, result: TurnResult, logprobs: bool) -> dict:
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
         "model": gw.model_name,
         "choices": [{"index": 0, "message": reply.message(), "finish_reason": _finish(result, reply),
-                     "logprobs": _chat_logprobs(gw, result) if logprobs else None}],
+                     "logprobs": _chat_logprobs(gw, result.ids, result.logprobs) if logprobs else None}],
         "usage": _usage(result),
     }
 
 
 def completion_response(gw: Gateway, result: TurnResult, logprobs: bool) -> dict:
-    lp = None
-    if logprobs:
-        toks = [gw.decode_all([t]) for t in result.ids]
-        offsets, at = [], 0
-        for t in toks:
-            offsets.append(at)
-            at += len(t)
-        lp = {"tokens": toks, "token_logprobs": list(result.logprobs), "top_logprobs": None, "text_offset": offsets}
+    lp = _completion_logprobs(gw, result.ids, result.logprobs) if logprobs else None
     return {
         "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
         "model": gw.model_name,
@@ -246,14 +252,16 @@ class Partial:
     """The text of a turn in progress that is safe to send: what no later token can take back. It
     stops before anything that may still become a tool call (the format's `call_starts`), a stop
     string or EOS, and holds back a tail that may begin one, trailing whitespace (a parser may strip
-    it) and an incomplete character. None: nothing can be sent early (a format whose tool calls have
-    no known start, or log-probs asked, which go out per token at the end)."""
+    it) and an incomplete character. `off`: nothing can be sent early (a format whose tool calls have
+    no known start). With `logprobs` what goes out is whole tokens, each delta with its tokens'
+    log-probs."""
 
-    def __init__(self, gw: Gateway, call: Call, logprobs: bool) -> None:
+    def __init__(self, gw: Gateway, s: Session, call: Call, logprobs: bool) -> None:
         starts = gw.fmt.call_starts(call.tools) if call.kind == "chat" else ()
-        self.gw, self.call = gw, call
-        self.off = logprobs or starts is None
+        self.gw, self.s, self.call, self.logprobs = gw, s, call, logprobs
+        self.off = starts is None
         self.marks = tuple(m for m in (*(starts or ()), *call.stop, *call.format_stop, gw.eos_text) if m)
+        self.sent, self.sent_ids = "", 0  # what went out: its text, and (with log-probs) its tokens
 
     def text(self) -> str:
         if self.off or not self.call.turn_ids:
@@ -268,10 +276,43 @@ class Partial:
                     break
         return text.rstrip().rstrip("\ufffd")
 
+    def advance(self) -> tuple[str, list[int], list[float]] | None:
+        """The next delta, if any: its text and, with log-probs, its tokens and their log-probs (the
+        longest run of whole tokens whose text the safe text holds)."""
+        text = self.text()
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return None
+        if not self.logprobs:
+            piece, self.sent = text[len(self.sent):], text
+            return piece, [], []
+        ids, upto = self.call.turn_ids, None
+        for j in range(self.sent_ids + 1, len(ids) + 1):
+            t = self.gw.decode_all(ids[:j])
+            if text.startswith(t):
+                upto = (j, t) if len(t) > len(self.sent) else upto
+            elif not text.startswith(t.rstrip("\ufffd")):  # past the safe text (not a character still incomplete)
+                break
+        req = self.s.request
+        if upto is None or req is None:
+            return None
+        j, t = upto
+        lps = req.logprobs[self.call.lp_at + self.sent_ids:self.call.lp_at + j]
+        if len(lps) != j - self.sent_ids:  # not where the turn's cut put them: all of them go at the end
+            return None
+        out = (t[len(self.sent):], list(ids[self.sent_ids:j]), list(lps))
+        self.sent, self.sent_ids = t, j
+        return out
 
-async def _progress(gw: Gateway, inc: Incoming, s: Session, call: Call, partial: Partial) -> AsyncIterator[str]:
-    """Text deltas of the turn as its chunks return, until it ends (then `wait` gives its result)."""
-    sent = ""
+    def rest(self, result: TurnResult) -> tuple[list[int], list[float]]:
+        """The turn's tokens (and their log-probs) not sent before its end."""
+        if list(result.ids[:self.sent_ids]) != list(self.call.turn_ids[:self.sent_ids]):
+            log.warning("gateway: a streamed turn's tokens do not continue what was sent early")
+        return list(result.ids[self.sent_ids:]), list(result.logprobs[self.sent_ids:])
+
+
+async def _progress(inc: Incoming, call: Call, partial: Partial) -> AsyncIterator[tuple[str, list[int], list[float]]]:
+    """Deltas of the turn as its chunks return (`Partial.advance`), until it ends (then `wait` gives
+    its result)."""
     while not call.result.done() and not partial.off:
         call.progress.clear()
         ticked = asyncio.ensure_future(call.progress.wait())
@@ -281,10 +322,9 @@ async def _progress(gw: Gateway, inc: Incoming, s: Session, call: Call, partial:
             ticked.cancel()
         if inc.closed.done() or call.result.done():
             return
-        text = partial.text()
-        if len(text) > len(sent) and text.startswith(sent):
-            yield text[len(sent):]
-            sent = text
+        delta = partial.advance()
+        if delta is not None:
+            yield delta
 
 
 def _rest(final: str, sent: str, where: str) -> str:
@@ -307,10 +347,9 @@ async def _stream_chat(gw: Gateway, inc: Incoming, s: Session, call: Call, logpr
     done = False
     try:
         yield chunk({"role": "assistant", "content": ""})
-        sent = ""
-        async for piece in _progress(gw, inc, s, call, Partial(gw, call, logprobs)):
-            sent += piece
-            yield chunk({"content": piece})
+        partial = Partial(gw, s, call, logprobs)
+        async for piece, ids, lps in _progress(inc, call, partial):
+            yield chunk({"content": piece}, lp=_chat_logprobs(gw, ids, lps) if logprobs else None)
         try:
             result = await wait(gw, inc, s, call)
         except ApiError as e:
@@ -319,9 +358,10 @@ async def _stream_chat(gw: Gateway, inc: Incoming, s: Session, call: Call, logpr
             yield "data: [DONE]\n\n"
             return
         reply = result.reply or Reply(result.text)
-        rest = _rest(reply.content, sent, "reply")
-        if rest or (logprobs and result.ids):
-            yield chunk({"content": rest}, lp=_chat_logprobs(gw, result) if logprobs else None)
+        rest = _rest(reply.content, partial.sent, "reply")
+        ids, lps = partial.rest(result)
+        if rest or (logprobs and ids):
+            yield chunk({"content": rest}, lp=_chat_logprobs(gw, ids, lps) if logprobs else None)
         if reply.tool_calls:
             yield chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
                                          "function": {"name": c.name, "arguments": c.arguments}}
@@ -346,10 +386,11 @@ async def _stream_completion(gw: Gateway, inc: Incoming, s: Session, call: Call,
 
     done = False
     try:
-        sent = ""
-        async for text in _progress(gw, inc, s, call, Partial(gw, call, logprobs)):
-            sent += text
-            yield piece(text)
+        partial = Partial(gw, s, call, logprobs)
+        at = 0
+        async for text, ids, lps in _progress(inc, call, partial):
+            yield piece(text, lp=_completion_logprobs(gw, ids, lps, at) if logprobs else None)
+            at += len(text)
         try:
             result = await wait(gw, inc, s, call)
         except ApiError as e:
@@ -357,9 +398,9 @@ async def _stream_completion(gw: Gateway, inc: Incoming, s: Session, call: Call,
             yield _sse(e.body())
             yield "data: [DONE]\n\n"
             return
-        body = completion_response(gw, result, logprobs)
-        choice = body["choices"][0]
-        yield piece(_rest(result.text, sent, "completion"), choice["finish_reason"], choice["logprobs"])
+        ids, lps = partial.rest(result)
+        yield piece(_rest(result.text, partial.sent, "completion"), _finish(result, None),
+                    _completion_logprobs(gw, ids, lps, len(partial.sent)) if logprobs else None)
         done = True
         yield "data: [DONE]\n\n"
     finally:
