@@ -285,13 +285,12 @@ class Partial:
         if not self.logprobs:
             piece, self.sent = text[len(self.sent):], text
             return piece, [], []
-        ids, upto = self.call.turn_ids, None
-        for j in range(self.sent_ids + 1, len(ids) + 1):
-            t = self.gw.decode_all(ids[:j])
-            if text.startswith(t):
-                upto = (j, t) if len(t) > len(self.sent) else upto
-            elif not text.startswith(t.rstrip("\ufffd")):  # past the safe text (not a character still incomplete)
-                break
+        ids = self.call.turn_ids
+        # decode only the unsent tokens after what was sent (a long turn would otherwise decode its
+        # whole prefix once per token); one whole decode confirms it, else the exact, slower way
+        upto = self._whole_tokens(text, lambda j: self.sent + self.gw.decode_all(ids[self.sent_ids:j]))
+        if upto is not None and self.gw.decode_all(ids[:upto[0]]) != upto[1]:
+            upto = self._whole_tokens(text, lambda j: self.gw.decode_all(ids[:j]))
         req = self.s.request
         if upto is None or req is None:
             return None
@@ -302,6 +301,18 @@ class Partial:
         out = (t[len(self.sent):], list(ids[self.sent_ids:j]), list(lps))
         self.sent, self.sent_ids = t, j
         return out
+
+    def _whole_tokens(self, text: str, decoded) -> tuple[int, str] | None:
+        """The most tokens past those sent whose text (`decoded(j)`: the turn's first j tokens') the
+        safe text holds, with that text; None if no more."""
+        upto = None
+        for j in range(self.sent_ids + 1, len(self.call.turn_ids) + 1):
+            t = decoded(j)
+            if text.startswith(t):
+                upto = (j, t) if len(t) > len(self.sent) else upto
+            elif not text.startswith(t.rstrip("\ufffd")):  # past the safe text (not a character still incomplete)
+                break
+        return upto
 
     def rest(self, result: TurnResult) -> tuple[list[int], list[float]]:
         """The turn's tokens (and their log-probs) not sent before its end."""
