@@ -12,7 +12,7 @@ imported and the host imports them too: later sessions start warm. Each session'
 subprocess it left behind goes too. A `module:function` session runs the function on its own
 event loop and reports its reward; a command session execs the command.
 
-Frames on both pipes are a 4-byte big-endian length and a pickle. In (stdin): `start` {id, kwargs,
+Frames on both pipes are a 4-byte big-endian length and a pickle. In (stdin): `start` {id, kwargs, http_client,
 log, argv, env}, `kill` {id}, `stop`. Out: {ready, error} once, {id, pid} per fork, {id, result,
 error} from a function session's own process (one write of at most PIPE_BUF bytes, so atomic on the
 shared pipe), {id, exit} when the host has reaped it. The host runs no user code itself and stays
@@ -37,8 +37,36 @@ from typing import Any
 from seer.procs.pdeathsig import set_parent_death_signal
 
 HEADER = struct.Struct(">I")
+HTTP_TIMEOUT_S = 600.0  # the default timeout of the `http_client` agents are given (the openai client's own)
 MAX_ERROR_CHARS = 1500  # a session's result frame must stay under PIPE_BUF (4096 bytes) to be atomic
 WARM_SESSIONS = 4  # the first sessions tell the host which modules they imported late
+
+
+_SSL: list[Any] = []
+
+
+def ssl_context() -> Any:
+    """One SSL context per process for the `http_client`s agents are given: loading the CA bundle
+    costs ~70 ms of CPU per context (what httpx does for every client it makes). The host makes it
+    before it forks, so every session shares it."""
+    if not _SSL:
+        import ssl
+
+        import certifi
+
+        _SSL.append(ssl.create_default_context(cafile=certifi.where()))
+    return _SSL[0]
+
+
+async def _session(fn: Callable[..., Any], kwargs: dict, http_client: bool) -> tuple[float | None, str | None]:
+    """A function session's coroutine: with `http_client`, the agent is given an httpx client made
+    here on the host's SSL context (closed after it)."""
+    client = None
+    if http_client:
+        import httpx
+
+        client = kwargs["http_client"] = httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
+    return await call_agent(fn, kwargs, client)
 
 
 def frame(obj: Any) -> bytes:
@@ -200,6 +228,8 @@ class Host:
         if self.kind == "function" and self.warmed < WARM_SESSIONS:
             self.warmed += 1
             msg["modules"] = f"{msg['log'] or '/tmp/seer-agent'}.{self.warmed}.modules"
+        if msg.get("http_client"):
+            ssl_context()  # made once here, shared by every session's client
         gc.freeze()  # the host's objects: never scanned by a session's collector, so their pages stay shared
         pid = os.fork()
         if pid == 0:
@@ -242,7 +272,8 @@ class Host:
                 os.write(2, f"cannot run {msg['argv'][0]!r}: {e}\n".encode())
                 os._exit(127)
         before = set(sys.modules)
-        reward, error = asyncio.run(call_agent(self.fn, msg["kwargs"])) if self.fn is not None else (None, "no agent")
+        reward, error = (asyncio.run(_session(self.fn, msg["kwargs"], bool(msg.get("http_client"))))
+                         if self.fn is not None else (None, "no agent"))
         if msg.get("modules") and error is None:
             try:
                 with open(msg["modules"], "w") as f:

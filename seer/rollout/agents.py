@@ -43,16 +43,16 @@ from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
 from seer.procs.environment import agent_inherited
-from seer.rollout.agent_host import call_agent, error_line, frame, read_frames
+from seer.rollout.agent_host import HTTP_TIMEOUT_S, call_agent, error_line, frame, read_frames, ssl_context
 from seer.tasks.workers import BOUNDS
 
 AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
 MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
 # Given too when the agent takes a parameter of this name: with `agent.mode: loop`, an httpx.AsyncClient
 # that calls the gateway's handler in this process (no socket, no HTTP parsing), to pass to its client
-# (AsyncOpenAI(http_client=...)); in process mode None (the agent's client's own default).
+# (AsyncOpenAI(http_client=...)); in process mode an ordinary client whose SSL context the agent host
+# made once before it forked (agent_host.session_client).
 HTTP_CLIENT_KEYWORD = "http_client"
-HTTP_TIMEOUT_S = 600.0  # that client's default timeout (the openai client's own)
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -169,21 +169,6 @@ class AgentOutcome:
     error: str | None
     wall_s: float
     log: str | None = None  # the session's stdout and stderr (process mode), kept when the runner has a log_dir
-
-
-_SSL: list[Any] = []
-
-
-def ssl_context() -> Any:
-    """One SSL context per process for the clients `in_loop_client` makes: loading the CA bundle
-    costs ~70 ms of CPU per context (what httpx does for every client it makes)."""
-    if not _SSL:
-        import ssl
-
-        import certifi
-
-        _SSL.append(ssl.create_default_context(cafile=certifi.where()))
-    return _SSL[0]
 
 
 def in_loop_client(session: AgentSession) -> Any:
@@ -322,10 +307,8 @@ class AgentRunner:
             if self.spec.kind == "command":
                 msg.update(argv=self.spec.argv, env=session_env(session, str(reward_file)))
             else:
-                kwargs = self._kwargs(session)
-                if self._takes_http_client:
-                    kwargs[HTTP_CLIENT_KEYWORD] = None
-                msg.update(kwargs=kwargs)
+                # the session's process makes the client (with the host's SSL context) and passes it
+                msg.update(kwargs=self._kwargs(session), http_client=self._takes_http_client)
             pending = host.start(session.session_id, msg)
         except Exception as e:  # a record that does not pickle or fit the environment, a host that died
             return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log))
