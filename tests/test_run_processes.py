@@ -120,7 +120,9 @@ class Job:
         deadline = time.monotonic() + timeout_s
         while not ready():
             assert _alive(self.pid), f"seer-run exited before {what}:\n{self.tail()}"
-            assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s:\n{self.tail()}"
+            # (the job's processes by name: once, in a full suite, the engine was not among them)
+            assert time.monotonic() < deadline, (f"no {what} within {timeout_s:.0f} s; the job's processes: "
+                                                 f"{[(p, _comm(p)) for p in self.processes()]}\n{self.tail()}")
             time.sleep(0.5)
 
     def tail(self) -> str:
