@@ -730,7 +730,7 @@ def probe_lines(s: dict, warm: dict) -> list[str]:
     out = ["", f"Timed on `{timed}`" + (f" (`--replay-model {s['replay_model']}`: the warm-up's trajectories of "
                                         f"`{s['model']}` replayed on it, token for token)" if s.get("replay_model") else "")
            + "; the models' decode time per token, measured in this run on one fresh instance before its runs "
-           "(64 tokens per request, the prompts' prefill included):"]
+           f"({next(iter(probes.values()))['tokens']} tokens per request, the prompts' prefill included):"]
     for name, p in probes.items():
         out.append(f"- `{name}`: one request alone {p['alone_ms_per_token']:.2f} ms per token; {p['together']} at once "
                    f"{p['together_ms_per_step']:.1f} ms per step, {p['together_ms_per_token']:.3f} ms per token of the instance")

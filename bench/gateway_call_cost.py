@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         prof.enable()
         asyncio.run(iteration(runners["loop"], a.groups, a.group_size, a.chunk))
         prof.disable()
-        profile = by_package(pstats.Stats(prof))
-        parts = gateway_parts(pstats.Stats(prof))
+        stats = pstats.Stats(prof)
+        profile, parts = by_package(stats), gateway_parts(stats)
     for r in runners.values():
         asyncio.run(r.close())
     summary = {}

@@ -37,6 +37,10 @@ from typing import Any
 from seer.procs.pdeathsig import set_parent_death_signal
 
 HEADER = struct.Struct(">I")
+# A function agent that takes a parameter of this name is given an httpx.AsyncClient for the gateway
+# (seer.rollout.agents: in loop mode one over the gateway's handler in the driver, in process mode
+# `http_client()` in the session's own process).
+HTTP_CLIENT_KEYWORD = "http_client"
 HTTP_TIMEOUT_S = 600.0  # the default timeout of the `http_client` agents are given (the openai client's own)
 MAX_ERROR_CHARS = 1500  # a session's result frame must stay under PIPE_BUF (4096 bytes) to be atomic
 WARM_SESSIONS = 4  # the first sessions tell the host which modules they imported late
@@ -58,14 +62,19 @@ def ssl_context() -> Any:
     return _SSL[0]
 
 
-async def _session(fn: Callable[..., Any], kwargs: dict, http_client: bool) -> tuple[float | None, str | None]:
-    """A function session's coroutine: with `http_client`, the agent is given an httpx client made
-    here on the host's SSL context (closed after it)."""
-    client = None
-    if http_client:
-        import httpx
+def http_client() -> Any:
+    """An ordinary httpx client for an agent, on this process's one SSL context."""
+    import httpx
 
-        client = kwargs["http_client"] = httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
+    return httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
+
+
+async def _session(fn: Callable[..., Any], kwargs: dict, give_client: bool) -> tuple[float | None, str | None]:
+    """A function session's coroutine: with `give_client`, the agent is given `http_client()`, made
+    here on the SSL context the host made before it forked (closed after it)."""
+    client = None
+    if give_client:
+        client = kwargs[HTTP_CLIENT_KEYWORD] = http_client()
     return await call_agent(fn, kwargs, client)
 
 

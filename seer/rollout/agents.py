@@ -43,16 +43,16 @@ from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
 from seer.procs.environment import agent_inherited
-from seer.rollout.agent_host import HTTP_TIMEOUT_S, call_agent, error_line, frame, read_frames, ssl_context
+from seer.rollout.agent_host import (HTTP_CLIENT_KEYWORD, HTTP_TIMEOUT_S, call_agent, error_line, frame, http_client,
+                                     read_frames)
 from seer.tasks.workers import BOUNDS
 
 AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
 MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the model the gateway serves
-# Given too when the agent takes a parameter of this name: with `agent.mode: loop`, an httpx.AsyncClient
-# that calls the gateway's handler in this process (no socket, no HTTP parsing), to pass to its client
-# (AsyncOpenAI(http_client=...)); in process mode an ordinary client whose SSL context the agent host
-# made once before it forked (agent_host.session_client).
-HTTP_CLIENT_KEYWORD = "http_client"
+# HTTP_CLIENT_KEYWORD (agent_host): given too when the agent takes a parameter of that name: with
+# `agent.mode: loop`, an httpx.AsyncClient that calls the gateway's handler in this process (no socket,
+# no HTTP parsing), to pass to its client (AsyncOpenAI(http_client=...)); in process mode an ordinary
+# client whose SSL context the agent host made once before it forked (agent_host.http_client).
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -173,12 +173,12 @@ class AgentOutcome:
 
 def in_loop_client(session: AgentSession) -> Any:
     """The `http_client` of an agent on the driver's loop: straight to the gateway's handler when the
-    gateway is in this process, else an ordinary client (its SSL context shared: agent_host.ssl_context)."""
+    gateway is in this process, else an ordinary client (its SSL context shared: agent_host.http_client)."""
     import httpx
 
     if session.transport is not None:
         return httpx.AsyncClient(transport=session.transport(), timeout=HTTP_TIMEOUT_S)
-    return httpx.AsyncClient(verify=ssl_context(), timeout=HTTP_TIMEOUT_S)
+    return http_client()
 
 
 def session_env(session: AgentSession, reward_file: str) -> dict[str, str]:

@@ -213,9 +213,9 @@ class Trainer:
     def _shard(self, seqs: list[TrainSequence]) -> list[TrainSequence]:
         """This rank's sequences: balanced by compute with attention counted (tree/packed: the
         trie's new tokens per sequence, so a group's shared prompt stays on one rank), or by tokens."""
-        if self.dp_size == 1 or self.batch_layout == "padded":
+        if self.dp_size == 1 or self.config.batch_layout == "padded":
             return self._my_share(seqs, [s.length for s in seqs])
-        shards = packing.shard_streams(seqs, self.dp_size, self.batch_layout == "tree",
+        shards = packing.shard_streams(seqs, self.dp_size, self.config.batch_layout == "tree",
                                        packing.CostModel.for_arch(self.arch))
         return [seqs[i] for i in shards[self.dp_rank]]
 
@@ -262,22 +262,16 @@ class Trainer:
         """Every rank calls this once per batch it forwards, even with no sequences (under expert
         parallelism the ranks of an EP group run equally many micro-batches)."""
         cfg = self.config
-        if self.batch_layout == "padded":
+        if cfg.batch_layout == "padded":
             mbs = make_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.pad_token_id)
         else:
-            mbs = packing.make_stream_micro_batches(seqs, cfg.max_tokens_per_micro_batch, self.batch_layout == "tree",
+            mbs = packing.make_stream_micro_batches(seqs, cfg.max_tokens_per_micro_batch, cfg.batch_layout == "tree",
                                                     cfg.pad_token_id)
         mbs = [mb.to(self.device) for mb in mbs]
         if self.ep_size > 1:
             mbs = moe.equalize_micro_batches(mbs, parallel_state.get_expert_model_parallel_group(), self.device,
-                                             cfg.pad_token_id, stream=self.batch_layout != "padded")
+                                             cfg.pad_token_id, stream=cfg.batch_layout != "padded")
         return mbs
-
-    @property
-    def batch_layout(self) -> str:
-        """trainer.batch_layout (under expert parallelism too: ``moe.equalize_micro_batches`` pads
-        rows of padded micro-batches and streams of packed/tree ones)."""
-        return self.config.batch_layout
 
     def _token_stats(self, model: torch.nn.Module, mb: MicroBatch, entropy: str | None = None,
                      measure: moe.Measure | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -419,7 +413,7 @@ class Trainer:
                  # tokens the forward computed / the samples' own tokens: < 1 where a tree shares prefixes
                  "tree_token_ratio": (totals.sums.get("computed_tokens", 0.0)
                                       / max(1.0, totals.sums.get("sample_tokens", 0.0))),
-                 "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": self.batch_layout,
+                 "computed_tokens": int(totals.sums.get("computed_tokens", 0.0)), "batch_layout": self.config.batch_layout,
                  **({"rollout_is_weight_mean": totals.mean("is_weight")} if self.algorithms.correction else {})}
         if self.router_stats is not None:
             if self.dp_size > 1:
@@ -477,7 +471,7 @@ class Trainer:
         out = Path(self.config.routing_record_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out / f"routing_used_{self.iteration:04d}_{self.place.rank}.jsonl",
-                           "".join(json.dumps({"batch_layout": self.batch_layout, **r}) + "\n" for r in rows).encode())
+                           "".join(json.dumps({"batch_layout": self.config.batch_layout, **r}) + "\n" for r in rows).encode())
 
     def _set_old_logprobs(self, mb: MicroBatch, recomputed: torch.Tensor, totals: _Totals) -> None:
         totals.add_mismatch(mb, recomputed)

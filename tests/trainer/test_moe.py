@@ -293,7 +293,7 @@ def test_moe_with_routing_replay_trains_packed_and_tree_with_the_padded_gradient
 
     trainer = Trainer(tiny_moe, TrainerConfig(lr=1e-2, kl_coef=0.05, entropy_coef=0.01, max_tokens_per_micro_batch=48,
                                               routing_replay=True))
-    assert trainer.batch_layout == "tree"
+    assert trainer.config.batch_layout == "tree"
     plain = group_seqs(2)
     seqs = _with_routing(plain, [_prefix_routing(s) for s in plain])
     m0, g0 = _step(trainer, seqs, "padded", "token-mean")
