@@ -210,7 +210,7 @@ class Job:
         if self.cfg.task.agent is None:
             yield None
             return
-        from seer.model.chat import chat_format
+        from seer.model.chat import chat_format, max_token_chars
         from seer.rollout.agents import AgentRunner, AgentSpec
         from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer
 
@@ -219,7 +219,7 @@ class Job:
         fmt = chat_format(tok, model_type)
         g = cfg.gateway
         limits = GatewayLimits(max_request_bytes=g.max_request_bytes, max_call_tokens=cfg.rollout.max_tokens,
-                               max_context_tokens=self.max_model_len)
+                               max_context_tokens=self.max_model_len, max_token_chars=max_token_chars(tok))
         gw = Gateway(fmt, lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
                      lambda ids: tok.decode(ids, skip_special_tokens=False),
                      lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token or "", g.model_name, limits)

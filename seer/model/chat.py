@@ -153,8 +153,8 @@ class EmbeddedChat:
         name = fn["name"]
         try:
             args = json.loads(fn.get("arguments") or "{}")
-        except (TypeError, json.JSONDecodeError) as e:
-            raise ChatFormatError(f"{where}: arguments are not JSON ({e})", where) from None
+        except (TypeError, json.JSONDecodeError, RecursionError) as e:
+            raise ChatFormatError(f"{where}: arguments are not JSON ({e!r})", where) from None
         key = self._argument(tools[name]) if name in tools else None
         if not isinstance(args, dict) or len(args) != 1 or (key is not None and key not in args) \
                 or not isinstance(next(iter(args.values())), str):
@@ -200,6 +200,40 @@ TOOL_PARSERS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "qw
 CALL_STARTS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "granite": ("<|tool_call|>",)}
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The messages as chat templates take them, as vLLM passes them: an assistant tool call's
+    `arguments` a dict, not OpenAI's JSON text (Llama 3's template writes `arguments | tojson`;
+    text there would be rendered as a quoted string); text that is not a JSON object becomes {}."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if not isinstance(calls, list) or not calls:
+            out.append(m)
+            continue
+        fixed = []
+        for c in calls:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                try:
+                    args = json.loads(fn["arguments"] or "{}")
+                except (json.JSONDecodeError, RecursionError):
+                    args = {}
+                c = {**c, "function": {**fn, "arguments": args if isinstance(args, dict) else {}}}
+            fixed.append(c)
+        out.append({**m, "tool_calls": fixed})
+    return out
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of `tokenizer` spells (its vocabulary's longest entry: a byte-level
+    entry has one symbol per byte, so at least its characters): a text longer than this many characters
+    per token cannot fit in that many tokens, so the gateway refuses it before tokenizing it."""
+    try:
+        return max(1, max(map(len, tokenizer.get_vocab())))
+    except Exception:  # a tokenizer without a vocabulary to read: no bound from it
+        return 1 << 20
+
+
 class HFChat:
     """A real checkpoint's own chat template, and vLLM's tool parser of its family."""
 
@@ -226,7 +260,7 @@ class HFChat:
 
     def render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+            return self.tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt)
         except Exception as e:  # jinja errors: the conversation or tools do not fit the template
             raise ChatFormatError(f"the model's chat template cannot render this call: {e}") from None

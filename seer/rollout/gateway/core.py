@@ -4,7 +4,8 @@ One `Gateway` per run (the HTTP server in seer.rollout.gateway.server serves it)
 opens its sessions (`open_iteration`), G per prompt, one per scheduler request. A session's request
 waits for its agent's next call exactly as an `Environment` trajectory waits for its environment
 (seer.scheduler.turns): the call's new tokens are the observation, the model's turn is the reply.
-Everything runs on the run's one event loop: no locks.
+Everything runs on the run's one event loop (no locks) but the tokenizing of a long call's text, which
+runs in a thread so that it stalls no other session (a call's size is checked before it is tokenized).
 
 Keys: `seer-<session>.<mac>`, an HMAC of the session id under a secret made fresh for the run and
 known only to this process. A key names its session and opens nothing else (not the instances, not
@@ -25,12 +26,18 @@ from typing import Any
 
 from seer.model.chat import ChatFormat, ChatFormatError, Reply
 from seer.rollout.gateway.config import GatewayConfig  # noqa: F401  (re-exported)
-from seer.rollout.gateway.paths import Leaf, Plan, SessionPath
+from seer.rollout.gateway.paths import Leaf, Plan, SessionPath, template_tail
 from seer.scheduler.buffer import Request, RequestStatus
 from seer.scheduler.turns import StopMatcher, TurnCut, TurnEnd, TurnReply
 from seer.types import SamplingParams
 
 log = logging.getLogger(__name__)
+
+# A text this long is tokenized in a thread, off the run's event loop (shorter ones cost less than the hop).
+TOKENIZE_INLINE_CHARS = 1024
+# Characters a token may stand for beyond its own spelling: a normalizer (NFC) can compose up to
+# three characters into one before a token is matched.
+NORMALIZE_MARGIN = 4
 
 
 class ApiError(Exception):
@@ -53,6 +60,13 @@ class GatewayLimits:
     max_call_tokens: int = 2048  # model tokens one call may ask for (rollout.max_tokens)
     max_stop: int = 4  # stop strings per call, as OpenAI allows
     max_context_tokens: int = 4096  # a session's whole context (the model's max_model_len)
+    # the most characters one token of the model's vocabulary spells (seer.model.chat.max_token_chars):
+    # a text longer than this per token of room is refused before it is tokenized
+    max_token_chars: int = 16
+
+    def chars_for(self, tokens: int) -> int:
+        """The most characters `tokens` tokens can hold: a longer text needs more tokens."""
+        return max(0, tokens) * self.max_token_chars * NORMALIZE_MARGIN
 
 
 @dataclass
@@ -134,7 +148,8 @@ class Gateway:
         # agents on this event loop: no socket, no HTTP parsing.
         self.in_process: Callable[[], Any] | None = None
         # in_process: requests that came through the in-process transport (no socket)
-        self.counters = {"calls": 0, "errors": 0, "unauthorized": 0, "cancelled": 0, "branches": 0, "in_process": 0}
+        self.counters = {"calls": 0, "errors": 0, "unauthorized": 0, "cancelled": 0, "branches": 0, "in_process": 0,
+                         "template_unaligned": 0}
 
     # ---- keys and sessions -----------------------------------------------------------------------
     def _mac(self, session_id: str) -> str:
@@ -147,7 +162,8 @@ class Gateway:
         """The session a request's bearer key names (401 without a valid key, 409 once it ended)."""
         token = (authorization or "").removeprefix("Bearer ").strip()
         sid, _, mac = token.removeprefix("seer-").rpartition(".")
-        if not token.startswith("seer-") or not sid or not hmac.compare_digest(mac, self._mac(sid)):
+        if not token.isascii() or not token.startswith("seer-") or not sid \
+                or not hmac.compare_digest(mac, self._mac(sid)):  # (compare_digest takes ASCII text only)
             self.counters["unauthorized"] += 1
             raise ApiError(401, "a valid gateway key is required (Authorization: Bearer <the session's key>)",
                            "invalid_request_error", "invalid_api_key")
@@ -216,6 +232,15 @@ class Gateway:
                            param="stop")
         return mt, tuple(stop)
 
+    def check_size(self, text: str) -> None:
+        """Refuse (400) a call whose text no context of the model can hold, before anything tokenizes it."""
+        lim = self.limits
+        if len(text) > lim.chars_for(lim.max_context_tokens):
+            raise ApiError(400, f"this call's text is {len(text)} characters: more than the model's context of "
+                                f"{lim.max_context_tokens} tokens can hold ({lim.chars_for(lim.max_context_tokens)} "
+                                "characters at most); refused before tokenizing",
+                           code="context_length_exceeded", param="messages")
+
     async def submit(self, s: Session, call: Call) -> None:
         for old in (s.pending, s.call):  # an agent that timed out and retried at once: its old call is gone
             if old is not None and old.gone is not None and not old.cancelled and await old.gone():
@@ -281,12 +306,20 @@ class Gateway:
                     s.path.rewind(back)
                 return TurnReply(done=True, rewind_to=back)
             try:
-                return self._take(s, call)
+                reply = await self._take(s, call)
             except ApiError as e:
-                call.result.set_exception(e)
+                reply = None
+                if not call.result.done():
+                    call.result.set_exception(e)
             except Exception as e:  # the tokenizer or format failed on this call: refuse it, keep the session
+                reply = None
                 log.exception("gateway: call %d of %s", call.index, s.id)
-                call.result.set_exception(ApiError(400, f"cannot tokenize this call: {e!r}"))
+                if not call.result.done():
+                    call.result.set_exception(ApiError(400, f"cannot tokenize this call: {e!r}"))
+            if reply is not None:
+                return reply
+            if s.call is call:
+                s.call = None
 
     async def _next_call(self, s: Session) -> Call | None:
         while True:
@@ -300,9 +333,23 @@ class Gateway:
             s.wake.clear()
             await s.wake.wait()
 
-    def _take(self, s: Session, call: Call) -> TurnReply:
-        plan = s.path.plan(call.text, self.encode)
+    async def _take(self, s: Session, call: Call) -> TurnReply | None:
+        """The call's turn: its new tokens (None: it went away while they were being tokenized)."""
+        s.call = call  # taken: the session is busy while its text is tokenized
+        point, new_text = s.path.match(call.text)
         lim = self.limits.max_context_tokens
+        room = lim - point.at - call.max_tokens
+        if room < 0 or len(new_text) > self.limits.chars_for(room):
+            raise ApiError(400, f"this call adds {len(new_text)} characters to the session's {point.at} tokens and "
+                                f"asks for {call.max_tokens} more; the model's context is {lim} tokens "
+                                f"(refused before tokenizing)", code="context_length_exceeded", param="messages")
+        if len(new_text) > TOKENIZE_INLINE_CHARS:  # not on the run's loop: every session and the dispatcher wait there
+            new_ids = await asyncio.to_thread(self.encode, new_text)
+            if call.cancelled or call.result.done() or s.ended:
+                return None
+        else:
+            new_ids = self.encode(new_text) if new_text else []
+        plan = s.path.plan(point, new_ids)
         if plan.context_tokens + call.max_tokens > lim:
             raise ApiError(400, f"this call's context is {plan.context_tokens} tokens and it asks for "
                                 f"{call.max_tokens} more; the model's context is {lim} tokens",
@@ -314,7 +361,6 @@ class Gateway:
         s.path.apply(plan, call.text, call.index)
         call.plan = plan
         call.matcher = StopMatcher((*call.format_stop, *call.stop), self.decode, call.max_tokens)
-        s.call = call
         return TurnReply(plan.new_ids, rewind_to=plan.rewind_to)
 
     def _deliver(self, s: Session, end: TurnEnd) -> None:
@@ -325,8 +371,9 @@ class Gateway:
         s.path.add_turn(ids, lps)
         if call.cancelled or call.result.done():
             return
-        text = self.decode_all(ids)
-        if text.endswith(self.eos_text):
+        turn = self.decode_all(ids)
+        text = turn
+        if self.eos_text and text.endswith(self.eos_text):
             text = text[: -len(self.eos_text)]
         shown = text
         for st in call.stop:  # the agent's own stop strings are not part of the reply (OpenAI's rule); the
@@ -345,7 +392,12 @@ class Gateway:
             except ChatFormatError:
                 after = None
             if after is not None:
-                s.path.deliver(after, call.index)
+                # what the template writes after the turn (Qwen's "\n" after <|im_end|>) goes to the
+                # next call's tokens: the context it continues from is the template's
+                tail = template_tail(call.text, turn, shown, after, self.eos_text)
+                if tail is None:
+                    self.counters["template_unaligned"] += 1
+                s.path.deliver(after, call.index, tail or "")
             else:
                 s.path.delivered = len(s.path.ids)
         else:

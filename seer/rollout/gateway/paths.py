@@ -5,7 +5,10 @@ Token-in, token-out: the path holds exactly the tokens the instances saw, the mo
 its call arrived. A call is matched by its rendered text: the longest point of the path whose
 conversation text the call's text starts with (the point after the last reply, when the agent just
 appended a tool result; an earlier one when it edited or dropped history). Only the text after that
-point is tokenized. A call that continues from an earlier point than the path's end starts a branch:
+point is tokenized, together with the template's text the point's tokens do not hold yet (its `tail`:
+what the chat template writes after the model's last token, Qwen's "\n" after `<|im_end|>`, or the
+closing of a turn cut short), so that the tokens a call continues from are the tokenizer's encoding
+of the call's rendered text, except the model's own tokens, which stay as it sampled them. A call that continues from an earlier point than the path's end starts a branch:
 the path is cut back to that point, and the path it leaves, up to its last delivered reply, is kept
 as a leaf (a sample of its own; docs/agents-gateway.md, "Branches").
 """
@@ -13,7 +16,6 @@ as a leaf (a sample of its own; docs/agents-gateway.md, "Branches").
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -30,10 +32,13 @@ class Point:
     digest: bytes
     at: int  # path tokens up to here
     calls: tuple[int, ...]  # the calls whose replies lie on the path before here
+    # the end of the text that the path's first `at` tokens do not hold: template text after the model's
+    # last token (tokenized with the next call's text, as context: the model never sampled it)
+    tail: str = ""
 
     @classmethod
-    def of(cls, text: str, at: int, calls: tuple[int, ...]) -> Point:
-        return cls(len(text), _digest(text), at, calls)
+    def of(cls, text: str, at: int, calls: tuple[int, ...], tail: str = "") -> Point:
+        return cls(len(text), _digest(text), at, calls, tail)
 
     def starts(self, text: str) -> bool:
         return len(text) >= self.chars and _digest(text[:self.chars]) == self.digest
@@ -73,10 +78,16 @@ class SessionPath:
     delivered_calls: tuple[int, ...] = ()
     branches: int = 0  # calls that continued from an earlier point than the path's end
 
-    def plan(self, text: str, encode: Callable[[str], list[int]]) -> Plan:
-        """Match a call's rendered text against the path (no change until `apply`)."""
+    def match(self, text: str) -> tuple[Point, str]:
+        """The point a call's rendered text continues from, and the text to tokenize after its tokens
+        (the point's tail, then the call's text past the point)."""
         point = max((p for p in self.points if p.starts(text)), key=lambda p: (p.chars, p.at))
-        new_ids = tuple(encode(text[point.chars:])) if len(text) > point.chars else ()
+        return point, point.tail + text[point.chars:]
+
+    def plan(self, point: Point, new_ids: list[int] | tuple[int, ...]) -> Plan:
+        """What a call continuing from `point` with `new_ids` (its `match` text's tokens) does to
+        the path (no change until `apply`)."""
+        new_ids = tuple(new_ids)
         rewind = None if point.at == len(self.ids) else point.at
         leaf = None
         if rewind is not None and self.delivered > point.at:
@@ -114,8 +125,29 @@ class SessionPath:
         self.mask.extend([1] * len(ids))
         self.logprobs.extend(logprobs)
 
-    def deliver(self, text_after: str, call: int) -> None:
-        """The agent received the turn just added: the conversation including it is a point."""
+    def deliver(self, text_after: str, call: int, tail: str = "") -> None:
+        """The agent received the turn just added: the conversation including it is a point, whose
+        last `tail` characters (template text after the turn's last token) are not tokens yet."""
         calls = (*self.points[-1].calls, call)
         self.delivered, self.delivered_calls = len(self.ids), calls
-        self.points.append(Point.of(text_after, len(self.ids), calls))
+        self.points.append(Point.of(text_after, len(self.ids), calls, tail))
+
+
+def template_tail(before: str, turn: str, shown: str, after: str, eos: str) -> str | None:
+    """The chat template's text after a model turn that the turn's tokens do not hold: where the turn
+    ends in `after` (the conversation re-rendered with the reply; `before`: rendered up to the turn),
+    what follows it. `turn`: the turn's text as generated (its EOS's text kept); `shown`: the reply's
+    text as the agent got it. Qwen's templates write "\n" after `<|im_end|>`: that "\n" is the tail.
+    None: `after` does not continue `before`, there is no turn to find in it."""
+    if not after.startswith(before):
+        return None
+    rest = after[len(before):]
+    if rest.startswith(turn):  # rendered back as the model wrote it
+        return rest[len(turn):]
+    if eos and turn.endswith(eos):  # rendered otherwise (a tool call's JSON re-written, content trimmed):
+        at = rest.rfind(eos)  # the turn ends at the template's own end of the turn, as it did at its EOS
+        return rest[at + len(eos):] if at >= 0 else None
+    if rest.startswith(shown):  # cut short (max_tokens, a stop string): the template closes it
+        return rest[len(shown):]
+    at = rest.rfind(eos) if eos else -1
+    return rest[at:] if at >= 0 else None

@@ -12,7 +12,9 @@ client's side (the `openai` client's request building, an SSL context per client
 Every answer that is not a completion is an OpenAI-style error object (`{"error": {"message",
 "type", "param", "code"}}`) with its HTTP status: 400 bad input, 401 no valid key, 404 unknown model
 or route, 405 a route's wrong method, 409 a session that ended or is busy, 413 a body past
-`gateway.max_request_bytes`. Nothing a client sends can end a session or the run.
+`gateway.max_request_bytes`. Nothing a client sends can end a session or the run, and a call is
+checked whole (every field's type, its size) before it is submitted to its session: a refused call
+leaves nothing behind.
 
 Streaming (`stream: true`) sends a turn's text as its chunks return (the scheduler generates a turn
 as chunks; `Call.turn_ids` grows with each), holding back what may still become a tool call, a stop
@@ -40,6 +42,45 @@ from seer.rollout.gateway.core import ApiError, Call, Gateway, Session, TurnResu
 log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+# The JSON types each field a call may carry must have (unknown fields are ignored, as vLLM does):
+# checked before anything reads the body, so a wrong type is a 400 naming the field.
+_COMMON_FIELDS = {
+    "model": ("string",), "stream": ("boolean", "null"), "stream_options": ("object", "null"),
+    "max_tokens": ("integer", "null"), "stop": ("string", "array", "null"),
+    "temperature": ("number", "null"), "top_p": ("number", "null"), "top_k": ("integer", "null"),
+    "n": ("integer", "null"), "presence_penalty": ("number", "null"), "frequency_penalty": ("number", "null"),
+    "seed": ("integer", "null"), "logit_bias": ("object", "null"), "user": ("string", "null"),
+}
+CHAT_FIELDS = {**_COMMON_FIELDS, "messages": ("array",), "tools": ("array", "null"),
+               "tool_choice": ("string", "object", "null"), "logprobs": ("boolean", "null"),
+               "top_logprobs": ("integer", "null"), "max_completion_tokens": ("integer", "null"),
+               "response_format": ("object", "null"), "parallel_tool_calls": ("boolean", "null")}
+COMPLETION_FIELDS = {**_COMMON_FIELDS, "prompt": ("string", "array"), "logprobs": ("integer", "boolean", "null"),
+                     "echo": ("boolean", "null"), "suffix": ("string", "null")}
+MESSAGE_FIELDS = {"role": ("string",), "content": ("string", "array", "null"), "name": ("string", "null"),
+                  "tool_calls": ("array", "null"), "tool_call_id": ("string", "null")}
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def check_fields(obj: dict, spec: dict[str, tuple[str, ...]], where: str = "") -> None:
+    """400 for the first field of `obj` whose JSON type `spec` does not allow (an integer is a number)."""
+    for name, kinds in spec.items():
+        if name not in obj:
+            continue
+        got = json_type(obj[name])
+        if got not in kinds and not (got == "integer" and "number" in kinds):
+            raise ApiError(400, f"{where}{name} must be {' or '.join(kinds)}, not {got}", param=f"{where}{name}")
 
 
 @dataclass
@@ -100,6 +141,8 @@ class Api:
             body = json.loads(data or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the body's JSON is nested too deeply", code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object", code="invalid_json")
         return body
@@ -116,11 +159,14 @@ class Api:
         return Answer(200, {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": 0,
                                                         "owned_by": "seer"}]})
 
-    async def checked_call(self, inc: Incoming):
-        """What every generating route checks first: the session's key, the body, the model, the
-        sampling the run fixed, and the call's own limits."""
+    async def checked_call(self, inc: Incoming, fields: dict[str, tuple[str, ...]]):
+        """What every generating route checks first: the session's key, the body and its fields'
+        types, the model, the sampling the run fixed, and the call's own limits."""
         s = self.gw.session_of(inc.authorization)
         body = await self.read_json(inc)
+        check_fields(body, fields)
+        if body.get("stream_options") is not None:
+            check_fields(body["stream_options"], {"include_usage": ("boolean", "null")}, "stream_options.")
         self.check_model(body)
         self.gw.check_sampling(body)
         max_tokens, stop = self.gw.call_limits(body)
@@ -128,10 +174,12 @@ class Api:
 
     async def chat(self, inc: Incoming) -> Answer:
         gw = self.gw
-        s, body, max_tokens, stop = await self.checked_call(inc)
+        s, body, max_tokens, stop = await self.checked_call(inc, CHAT_FIELDS)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
+        for i, m in enumerate(messages):
+            check_fields(m, MESSAGE_FIELDS, f"messages[{i}].")
         tools = body.get("tools") or None
         choice = body.get("tool_choice")
         if choice == "none":
@@ -148,19 +196,20 @@ class Api:
             format_stop = gw.fmt.stop(tools)
         except ChatFormatError as e:
             raise ApiError(400, str(e), param=e.param or "messages") from None
+        gw.check_size(text)
+        want_lp = bool(body.get("logprobs"))
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
         call = Call("chat", text, max_tokens, stop, format_stop, messages=messages, tools=tools)
         call.gone = inc.gone
-        await gw.submit(s, call)
-        want_lp = bool(body.get("logprobs"))
+        await gw.submit(s, call)  # everything is checked: from here the call is its session's
         if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return Answer(200, events=_stream_chat(gw, inc, s, call, want_lp, usage))
         result = await wait(gw, inc, s, call)
         return Answer(200, chat_response(gw, result, want_lp))
 
     async def completions(self, inc: Incoming) -> Answer:
         gw = self.gw
-        s, body, max_tokens, stop = await self.checked_call(inc)
+        s, body, max_tokens, stop = await self.checked_call(inc, COMPLETION_FIELDS)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -171,10 +220,11 @@ class Api:
             raise ApiError(400, "logprobs may be 0 or 1: each token carries its own log-prob only", param="logprobs")
         if body.get("echo") or body.get("suffix"):
             raise ApiError(400, "echo and suffix are not served", param="echo")
+        gw.check_size(prompt)
+        want_lp = lp is not None and lp is not False
         call = Call("completion", prompt, max_tokens, stop, ())
         call.gone = inc.gone
         await gw.submit(s, call)
-        want_lp = lp is not None and lp is not False
         if body.get("stream"):
             return Answer(200, events=_stream_completion(gw, inc, s, call, want_lp))
         result = await wait(gw, inc, s, call)
