@@ -339,7 +339,7 @@ class CallClock:
 async def start_gateway(tok, model_dir: Path, s: GWSettings):
     """The gateway as seer-run builds it (seer.job: the model's chat format, its tokenizer), served on
     127.0.0.1, with a CallClock on it."""
-    from seer.model.chat import chat_format
+    from seer.model.chat import chat_format, max_token_chars
     from seer.rollout.gateway import Gateway, GatewayConfig, GatewayLimits, GatewayServer
     from seer.rollout.gateway import server as server_module
 
@@ -347,7 +347,8 @@ async def start_gateway(tok, model_dir: Path, s: GWSettings):
     gw = Gateway(chat_format(tok, model_type), lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
                  lambda ids: tok.decode(ids, skip_special_tokens=False),
                  lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token or "", GatewayConfig.model_name,
-                 GatewayLimits(max_call_tokens=s.max_call_tokens, max_context_tokens=s.max_model_len))
+                 GatewayLimits(max_call_tokens=s.max_call_tokens, max_context_tokens=s.max_model_len,
+                               max_token_chars=max_token_chars(tok)))
     clock = CallClock(gw)
     server = GatewayServer(gw, "127.0.0.1")
     build = server_module.build_app

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 
 import httpx
 
@@ -23,13 +25,16 @@ def calculator(expression: str, left: int) -> str | None:
 
 
 async def calc_agent(base_url: str, api_key: str, session_id: str, record: dict, *, stream: bool = False,
-                     max_tokens: int | None = None, max_calls: int = 20, http_client=None) -> float | None:
+                     max_tokens: int | None = None, max_calls: int = 20, http_client=None,
+                     system: str | None = None) -> float | None:
     """Counts down with the calculator until the model stops calling it (reward: the task's function).
     It takes the runner's `http_client` (in loop mode: the gateway's handler in this process)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
     messages: list[dict] = [{"role": "user", "content": record["prompt"]}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
     left = int(record["reference"]["total"])
     extra = {} if max_tokens is None else {"max_tokens": max_tokens}
     try:
@@ -121,6 +126,16 @@ async def bad_calls_agent(base_url: str, api_key: str, session_id: str, record: 
                                         "max_tokens": 8})),
         ("too large", auth, json.dumps({**good, "messages": [{"role": "user", "content": "y" * (5 << 20)}]})),
         ("no messages", auth, json.dumps({**good, "messages": []})),
+        # every field's type is checked before the call is its session's (a 500 here left an orphan
+        # call that took the session's turn: the retry got 409 and the orphan trained as a branch)
+        ("stream_options", auth, json.dumps({**good, "stream": True, "stream_options": "yes"})),
+        ("stream", auth, json.dumps({**good, "stream": "yes"})),
+        ("logprobs", auth, json.dumps({**good, "logprobs": "yes"})),
+        ("tools", auth, json.dumps({**good, "tools": 5})),
+        ("message content", auth, json.dumps({**good, "messages": [{"role": "user", "content": 5}]})),
+        ("message role", auth, json.dumps({**good, "messages": [{"role": ["user"], "content": "x"}]})),
+        ("non-ascii key", {"Authorization": f"Bearer {api_key}\u00e9".encode()}, json.dumps(good)),
+        ("deep json", auth, '{"model": "%s", "messages": %s}' % (MODEL, "[" * 100_000 + "]" * 100_000)),
     ]
     out = BAD.setdefault(session_id, [])
     async with httpx.AsyncClient(timeout=60) as http:
@@ -130,6 +145,35 @@ async def bad_calls_agent(base_url: str, api_key: str, session_id: str, record: 
         r = await http.get(f"{base_url}/models", headers=auth)
         out.append(("models", r.status_code, r.json()))
     return await calc_agent(base_url, api_key, session_id, record)
+
+
+class Gate:
+    """The tokenizer gate of the test of a long call (tests/gateway/test_gateway.py): `started` once the
+    long call's text is being tokenized, `release` once another session's call got a turn meanwhile."""
+
+    started = threading.Event()
+    release = threading.Event()
+    BIG: dict[str, tuple[int, dict]] = {}  # the session that sent a too large call: its answer
+
+
+COUNT_DOWN = "Count down with the calculator tool, one digit at a time. " * 24  # over a thousand characters
+
+
+async def long_call_agent(base_url: str, api_key: str, session_id: str, record: dict, http_client=None) -> float | None:
+    """Group 0's session sends a call of 3 MB (under gateway.max_request_bytes, far past the model's
+    context) over HTTP, then counts down behind a long system prompt; the others count down once
+    group 0's long call is being tokenized."""
+    if record["reference"]["total"] == 9:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "y" * (3 << 20)}]}
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.post(f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        Gate.BIG[session_id] = (r.status_code, r.json().get("error"))
+        return await calc_agent(base_url, api_key, session_id, record, system=COUNT_DOWN)
+    for _ in range(3000):
+        if Gate.started.is_set():
+            break
+        await asyncio.sleep(0.01)
+    return await calc_agent(base_url, api_key, session_id, record, http_client=http_client)
 
 
 KEYS: dict[str, tuple[str, str]] = {}
@@ -383,3 +427,40 @@ async def talking_agent_logprobs(base_url, api_key, session_id, record, http_cli
 async def talking_agent_plain_logprobs(base_url, api_key, session_id, record, http_client=None):
     return await talking_agent(base_url, api_key, session_id, record, stream=False, http_client=http_client,
                                logprobs=True)
+
+
+TEMPLATE_CALLS: dict[str, list[list[dict]]] = {}  # session id -> the messages of each call, in order
+
+
+async def template_agent(base_url: str, api_key: str, session_id: str, record: dict, http_client=None) -> float:
+    """The calculator with a system prompt on a real checkpoint's chat template: it counts down until
+    the model answers without a tool call, then asks once more (a second user query: Qwen3's template
+    then drops the reasoning of the turns before it). Leaves the messages of every call behind."""
+    import copy
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
+    messages: list[dict] = [{"role": "system", "content": "You count down to zero with the calculator tool."},
+                            {"role": "user", "content": record["prompt"]}]
+    left, follow_up = int(record["reference"]["total"]), "Count again, from 4."
+    calls = TEMPLATE_CALLS.setdefault(session_id, [])
+    try:
+        for _ in range(8):
+            calls.append(copy.deepcopy(messages))
+            r = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALC_TOOL])
+            msg = r.choices[0].message.model_dump(exclude_none=True)
+            messages.append(msg)
+            if msg.get("tool_calls"):
+                c = msg["tool_calls"][0]
+                value = calculator(json.loads(c["function"]["arguments"])["expression"], left) or "0000"
+                left = int(value)
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": value})
+            elif follow_up is not None:
+                messages.append({"role": "user", "content": follow_up})
+                follow_up = None
+            else:
+                break
+        return 1.0
+    finally:
+        await client.close()

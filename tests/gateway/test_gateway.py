@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from seer.model.chat import ChatFormatError, EmbeddedChat
+from seer.model.chat import ChatFormatError, EmbeddedChat, max_token_chars
 from seer.model.tokenizer import build_tokenizer
 from seer.rollout.agents import AgentConfig, AgentRunner, AgentSpec
 from seer.rollout.base import RolloutContext, RolloutRequest
@@ -96,11 +96,13 @@ def scheduler(chunk: int = 5) -> SchedulerConfig:
     return SchedulerConfig(policy="context", chunk_size=chunk, kv_pool=False, telemetry_interval_s=0.05)
 
 
-async def run_gateway(agent: str, prompts, *, group_size=2, engines=None, limits=None, iterations=1):
+async def run_gateway(agent: str, prompts, *, group_size=2, engines=None, limits=None, iterations=1, tokenize=encode):
+    """`agent`'s sessions of `prompts` through the gateway as seer-run serves it (its limits from the
+    tokenizer; `tokenize`: the gateway's encode)."""
     engines = engines or [CalcEngine("e0"), CalcEngine("e1")]
-    gw = Gateway(EmbeddedChat(TOK.eos_token), encode, lambda ids: TOK.decode(ids, skip_special_tokens=False),
+    gw = Gateway(EmbeddedChat(TOK.eos_token), tokenize, lambda ids: TOK.decode(ids, skip_special_tokens=False),
                  lambda ids: TOK.decode(ids, skip_special_tokens=True), TOK.eos_token, agents.MODEL,
-                 limits or GatewayLimits(max_call_tokens=64, max_context_tokens=4096))
+                 limits or GatewayLimits(max_call_tokens=64, max_context_tokens=4096, max_token_chars=max_token_chars(TOK)))
     server = GatewayServer(gw, "127.0.0.1")
     await server.start()
     # loop mode: bad_calls_agent records into this module, which a forked session process could not
@@ -301,9 +303,49 @@ def test_bad_calls_get_openai_errors_and_cost_nothing_but_themselves():
     assert status["no messages"][0] == 400 and status["models"][0] == 200
     for what, _, err in got[:-1]:
         assert set(err) == {"message", "type", "param", "code"}, what
+    # a field of the wrong type is a 400 naming it, a key that is not ASCII a 401, JSON nested past
+    # what the parser takes a 400: none is a 500 (an error of ours), none took the session's turn
+    params = {what: (err or {}).get("param") for what, _, err in got[:-1]}
+    for what in ("stream_options", "stream", "logprobs", "tools"):
+        assert status[what] == (400, None) and params[what] == what, (what, status[what], params[what])
+    assert status["message content"][0] == status["message role"][0] == 400
+    assert params["message content"] == "messages[0].content" and params["message role"] == "messages[0].role"
+    assert status["non-ascii key"] == (401, "invalid_api_key") and status["deep json"] == (400, "invalid_json")
     s = batch.samples[0]  # the session itself went on: all its bad calls were refused before any turn
     assert s.reward == 1.0 and s.turns >= 2 and not s.reward_error
     assert s.prompt.prompt_ids == encode(s.prompt.text)
+    # no refused call was submitted: no orphan turn, no branch, one sample, every call but the bad ones trained
+    assert len(batch.samples) == 1 and batch.stats.extra["gateway_branches"] == 0
+    # (the over-long call is the one submitted: its context is counted in tokens when its turn comes)
+    assert gw.counters["calls"] == s.turns + 1 and gw.counters["cancelled"] == 0
+
+
+def test_a_call_too_large_for_the_context_is_refused_before_tokenizing_and_a_long_one_is_tokenized_off_the_loop():
+    """Group 0's agent sends 3 MB (under gateway.max_request_bytes): refused at once, its text never
+    tokenized. Then a long call of group 0 is tokenized while group 1's session runs: the tokenizer
+    (gated here) holds group 0's call until group 1's second call is tokenized, which cannot happen
+    if the tokenizing blocked the event loop (the gate would wait out its 15 s instead)."""
+    agents.Gate.started.clear()
+    agents.Gate.release.clear()
+    agents.Gate.BIG.clear()
+    seen, waited_out = [], []
+
+    def gated(text: str) -> list[int]:
+        seen.append(len(text))
+        if agents.COUNT_DOWN in text and not agents.Gate.started.is_set():  # group 0's long call
+            agents.Gate.started.set()
+            if not agents.Gate.release.wait(15):
+                waited_out.append(len(text))
+        elif agents.Gate.started.is_set() and text.startswith("="):  # a tool result: group 1's next call
+            agents.Gate.release.set()
+        return encode(text)
+
+    (batch,), gw, _ = asyncio.run(run_gateway("long_call_agent", calc_prompts([9, 13]), group_size=1, tokenize=gated))
+    ((status, err),) = agents.Gate.BIG.values()
+    assert (status, err["code"]) == (400, "context_length_exceeded") and "before tokenizing" in err["message"]
+    assert max(seen) < 10_000  # the 3 MB text never reached the tokenizer
+    assert agents.Gate.release.is_set() and not waited_out  # group 1 ran while group 0's call was tokenized
+    assert [s.reward for s in batch.samples] == [1.0, 1.0] and gw.counters["errors"] == 1
 
 
 def test_a_session_key_is_refused_after_its_iteration_and_another_sessions_key_names_only_its_own():
@@ -369,18 +411,147 @@ def test_completions_calls_continue_the_session_token_exact():
     assert list(agents.COMPLETION_LOGPROBS.values()) == [streamed.samples[0].logprobs]
 
 
-def test_a_checkpoint_with_its_own_template_renders_with_it_and_reads_calls_with_vllms_parser_of_its_family():
-    from seer.model.chat import HFChat, chat_format
+class TemplateEngine:
+    """A model of a real checkpoint's family: the k-th turn of a path (after the path's k-th generation
+    prompt) is `script[k]`, written as tokens of its own (every character apart, special tokens whole),
+    never the tokenizer's encoding of its text: a gateway that re-tokenized the model's text would show."""
 
-    tok = build_tokenizer(4096)
-    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
-    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
-                         "<tool_call>{{ c.function.arguments }}</tool_call>{% endfor %}\n{% endfor %}"
-                         "{% if tools %}[{{ tools | length }} tools]{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    fmt = chat_format(tok, "qwen3")
-    assert isinstance(fmt, HFChat) and fmt.parser_name == "hermes"
-    assert fmt.render([{"role": "user", "content": "hi"}], [agents.CALC_TOOL], True) == "<|user|>hi[1 tools]<|assistant|>"
-    reply = fmt.parse('ok <tool_call>\n{"name": "calc", "arguments": {"expression": "1-1"}}\n</tool_call>',
-                      [agents.CALC_TOOL])
-    assert reply.content.strip() == "ok" and reply.tool_calls[0].name == "calc"
-    assert reply.tool_calls[0].arguments == '{"expression": "1-1"}'
+    def __init__(self, name: str, tok, family, script: list[str]):
+        self.name, self.tok, self.family, self.script = name, tok, family, script
+        self.running, self.prompts = 0, []
+        self._special = re.compile("(" + "|".join(map(re.escape, family.special)) + ")")
+
+    def turn_ids(self, k: int) -> list[int]:
+        ids = []
+        for piece in self._special.split(self.script[k]):
+            if piece in self.family.special:
+                ids.append(self.tok.convert_tokens_to_ids(piece))
+            else:
+                ids += [t for ch in piece for t in self.tok(ch, add_special_tokens=False)["input_ids"]]
+        return ids
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        self.prompts.append(list(req.prompt_ids))
+        text = self.tok.decode(req.prompt_ids, skip_special_tokens=False)
+        start = self.family.turn_start
+        full = self.turn_ids(text.count(start) - 1)
+        written = text[text.rfind(start) + len(start):]
+        j = max(j for j in range(len(full) + 1) if self.tok.decode(full[:j], skip_special_tokens=False) == written)
+        out = full[j:j + req.max_tokens]
+        n = len(req.prompt_ids)
+        now = time.time()
+        return GenerateResult(req.request_id, out, [lp_at(n + i) for i in range(len(out))],
+                              "stop" if j + len(out) == len(full) else "length", 0, n, self.name, now, now)
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    async def telemetry(self) -> Telemetry:
+        return Telemetry(self.name, time.monotonic(), 0.0, 100_000, self.running, 0, 0, block_size=1)
+
+
+# The turns each family's model writes, as its checkpoints do: Qwen3 thinks, then calls a tool in
+# hermes format or answers; Llama 3.1 writes a JSON call or an answer. Turn 3 follows a second user query.
+QWEN3_TURNS = [
+    '<think>\nThe total is 9, so subtract 4.\n</think>\n\n<tool_call>\n{"name": "calc", "arguments": '
+    '{"expression": "0009-4"}}\n</tool_call><|im_end|>',
+    '<think>\nNow it is 5, subtract 5.\n</think>\n\n<tool_call>\n{"name": "calc", "arguments": '
+    '{"expression": "0005-5"}}\n</tool_call><|im_end|>',
+    "<think>\nIt is zero.\n</think>\n\nDone: the total reached 0.<|im_end|>",
+    "<think>\nCount again, from 4.\n</think>\n\nDone.<|im_end|>"]
+LLAMA3_TURNS = ['{"name": "calc", "parameters": {"expression": "0009-4"}}<|eot_id|>',
+                '{"name": "calc", "parameters": {"expression": "0005-5"}}<|eot_id|>',
+                "Done: the total reached 0.<|eot_id|>", "Done.<|eot_id|>"]
+
+
+def as_templates_take_them(messages: list[dict]) -> list[dict]:
+    """Tool-call arguments as objects (vLLM passes them so; Llama 3's template writes `arguments | tojson`)."""
+    import json
+
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                                 for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+
+
+@pytest.mark.parametrize("family_name", ["qwen3", "llama3"])
+def test_a_session_on_a_real_chat_template_feeds_the_model_the_templates_tokens_with_its_own_turns_verbatim(
+        family_name):
+    """Multi-call sessions on the official Qwen3 and Llama 3.1 templates (tests/gateway/chat_templates):
+    at every call the model is given exactly the tokenizer's encoding of the call's rendered conversation
+    (Qwen3's "\n" after each `<|im_end|>` included), except its own earlier turns, which are its tokens
+    as it sampled them; every trained sample is the same: template tokens (mask 0) around the model's."""
+    from seer.model.chat import HFChat, chat_format, max_token_chars
+    from tests.gateway.chat_templates import LLAMA3, QWEN3, chat_tokenizer
+
+    family, script = {"qwen3": (QWEN3, QWEN3_TURNS), "llama3": (LLAMA3, LLAMA3_TURNS)}[family_name]
+    tok = chat_tokenizer(family)
+
+    def enc(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def dec(ids) -> str:
+        return tok.decode(ids, skip_special_tokens=False)
+
+    engines = [TemplateEngine("e0", tok, family, script), TemplateEngine("e1", tok, family, script)]
+    agents.TEMPLATE_CALLS.clear()
+
+    async def go():
+        fmt = chat_format(tok, family.model_type)
+        assert isinstance(fmt, HFChat)
+        gw = Gateway(fmt, enc, dec, lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token, agents.MODEL,
+                     GatewayLimits(max_call_tokens=128, max_context_tokens=4096, max_token_chars=max_token_chars(tok)))
+        server = GatewayServer(gw, "127.0.0.1")
+        await server.start()
+        runner = AgentRunner(AgentSpec.parse(f"{AGENTS}:template_agent", 60.0, cfg=AgentConfig(mode="loop")), 2)
+        try:
+            ctx = RolloutContext(engines, scheduler(chunk=8), RewardRunner("seer.tasks.env:zero_reward"), decode=dec,
+                                 encode=enc, gateway=gw, agents=runner)
+            text = "start=0009\n"
+            return await gateway_rollout(ctx, RolloutRequest(0, [PromptSpec(0, text, enc(text), {"total": 9})], 1,
+                                                             SamplingParams(max_tokens=128))), gw
+        finally:
+            await server.close()
+
+    batch, gw = asyncio.run(go())
+    (calls,) = agents.TEMPLATE_CALLS.values()
+    assert len(calls) == 4 and gw.counters["errors"] == 0 and gw.counters["template_unaligned"] == 0
+    # the tool calls were read by vLLM's parser of the family: the agent's calculator ran on them
+    assert calls[2][-1] == {"role": "tool", "tool_call_id": calls[2][-2]["tool_calls"][0]["id"], "content": "0000"}
+    renders = [tok.apply_chat_template(as_templates_take_them(m), tools=[agents.CALC_TOOL], tokenize=False,
+                                       add_generation_prompt=True) for m in calls]
+    turns = [engines[0].turn_ids(k) for k in range(len(script))]
+
+    def expected(render: str, upto: int) -> tuple[list[int], list[int]]:
+        """`render`'s tokens as the gateway must build them, with the model's turns before call `upto`
+        that lie in it verbatim (where the template renders a turn as the model wrote it): the tokens
+        and the mask (1 on the model's)."""
+        ids, mask, at = [], [], 0
+        for k in range(upto):
+            s = len(renders[k])
+            if render.startswith(renders[k]) and render[s:s + len(script[k])] == script[k]:
+                ids += enc(render[at:s]) + turns[k]
+                mask += [0] * (len(ids) - len(mask) - len(turns[k])) + [1] * len(turns[k])
+                at = s + len(script[k])
+        ids += enc(render[at:])
+        return ids, mask + [0] * (len(ids) - len(mask))
+
+    fed = [p for e in engines for p in e.prompts if dec(p).endswith(family.turn_start)]  # each turn's first chunk
+    assert len(fed) == len(calls)
+    for k, render in enumerate(renders):
+        want, _ = expected(render, k)
+        # what the model is given at call k: the template's text exactly (no "\n" left out) ...
+        assert any(dec(p) == render for p in fed), (k, render[-200:])
+        # ... and token for token the tokenizer's encoding of it, but for its own turns, kept as sampled
+        assert want in fed, k
+    if family is QWEN3:  # the second query dropped the earlier reasoning: calls 0-2 are a leaf, call 3 the final path
+        assert renders[1].startswith(renders[0] + script[0] + "\n<|im_start|>user\n<tool_response>")
+        assert [s.branch.path for s in batch.samples] == [(0, 1, 2), (3,)]
+    else:
+        assert [s.branch.path for s in batch.samples] == [(0, 1, 2, 3)]
+    for s in batch.samples:
+        last = s.branch.path[-1]
+        ids, mask = expected(renders[last], last)
+        ids, mask = ids + turns[last], mask + [1] * len(turns[last])
+        assert s.prompt.prompt_ids + s.response_ids == ids and [0] * len(s.prompt.prompt_ids) + s.loss_mask == mask
+        assert s.logprobs == [lp_at(p) for p, m in enumerate(mask) if m] and s.reward == 1.0
+    # an encoding of the turns' text is not what the model sampled (the claim above is not vacuous)
+    assert all(enc(script[k]) != turns[k] for k in range(len(script)))
