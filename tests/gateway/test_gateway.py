@@ -555,3 +555,30 @@ def test_a_session_on_a_real_chat_template_feeds_the_model_the_templates_tokens_
         assert s.logprobs == [lp_at(p) for p, m in enumerate(mask) if m] and s.reward == 1.0
     # an encoding of the turns' text is not what the model sampled (the claim above is not vacuous)
     assert all(enc(script[k]) != turns[k] for k in range(len(script)))
+
+
+def test_the_template_text_after_a_turn_is_found_where_the_template_ends_the_turn():
+    """`template_tail` on the official templates: Qwen3 writes "\n" after `<|im_end|>` (also where it
+    re-writes a tool call's JSON the model spaced otherwise); a turn cut short (no EOS) is closed by the
+    template's `<|im_end|>\n`; Llama 3.1 writes nothing after `<|eot_id|>`."""
+    from seer.model.chat import chat_format
+    from seer.rollout.gateway.paths import template_tail
+    from tests.gateway.chat_templates import LLAMA3, QWEN3, chat_tokenizer
+
+    msgs = [{"role": "system", "content": "Count down."}, {"role": "user", "content": "start=0009\n"}]
+
+    def tail(family, turn: str, tools=None) -> str | None:
+        tok = chat_tokenizer(family)
+        fmt = chat_format(tok, family.model_type)
+        shown = turn.removesuffix(tok.eos_token)
+        before = fmt.render(msgs, tools, True)
+        after = fmt.render([*msgs, fmt.parse(shown, tools).message()], tools, False)
+        return template_tail(before, turn, shown, after, tok.eos_token)
+
+    assert tail(QWEN3, "<think>\nR\n</think>\n\nHi.<|im_end|>") == "\n"
+    assert tail(QWEN3, "<think>\nR\n</think>\n\nHi th") == "<|im_end|>\n"
+    assert tail(QWEN3, '<think>\nR\n</think>\n\n<tool_call>\n{"name":"calc","arguments":{"expression":"0009-4"}}\n'
+                       "</tool_call><|im_end|>", [agents.CALC_TOOL]) == "\n"
+    assert tail(LLAMA3, "Hi.<|eot_id|>") == "" and tail(LLAMA3, "Hi th") == "<|eot_id|>"
+    assert tail(LLAMA3, '{"name": "calc", "parameters": {"expression":"0009-4"}}<|eot_id|>', [agents.CALC_TOOL]) == ""
+    assert template_tail("<|im_start|>user\nA", "x<|im_end|>", "x", "<|im_start|>user\nB", "<|im_end|>") is None

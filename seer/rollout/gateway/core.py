@@ -60,9 +60,10 @@ class GatewayLimits:
     max_call_tokens: int = 2048  # model tokens one call may ask for (rollout.max_tokens)
     max_stop: int = 4  # stop strings per call, as OpenAI allows
     max_context_tokens: int = 4096  # a session's whole context (the model's max_model_len)
-    # the most characters one token of the model's vocabulary spells (seer.model.chat.max_token_chars):
-    # a text longer than this per token of room is refused before it is tokenized
-    max_token_chars: int = 16
+    # the most characters one token of the model's vocabulary spells (seer.model.chat.max_token_chars;
+    # seer-run sets it from the tokenizer): a text longer than this per token of room is refused before
+    # it is tokenized. The default is longer than any real vocabulary's tokens: it refuses nothing wrongly.
+    max_token_chars: int = 1024
 
     def chars_for(self, tokens: int) -> int:
         """The most characters `tokens` tokens can hold: a longer text needs more tokens."""
