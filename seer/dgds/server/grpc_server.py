@@ -360,7 +360,9 @@ class DgdsServer:
             store, limits = self.store, self.store.limits
             self._lane = await asyncio.get_running_loop().create_server(
                 lambda: LaneProtocol(servicer._sync_raw, self.metrics.observe, _status_of, token, max_message_bytes,
-                                     self._lane_conns, limits.max_lane_connections, store.reserve_io, store.release_io),
+                                     self._lane_conns, limits.max_lane_connections, store.reserve_io, store.release_io,
+                                     max_unsent=limits.lane_unsent_bytes, charge=store.charge_io,
+                                     has_room=store.has_room),
                 host, 0)
             servicer.lane_port = self.lane_port = self._lane.sockets[0].getsockname()[1]
         return bound
@@ -383,6 +385,8 @@ class DgdsServer:
             if n:
                 log.info("freed %d expired group(s)", n)
             now = time.monotonic()
+            for conn in list(self._lane_conns):
+                conn.account()  # answers sent since the last look are no longer charged
             for conn in [c for c in self._lane_conns if c.idle_for(now) >= idle_s]:
                 log.info("closing a sync-lane connection idle for %.0f s in the middle of a frame", idle_s)
                 conn.close()
