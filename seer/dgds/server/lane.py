@@ -25,9 +25,9 @@ frame is closed (``LaneProtocol.idle_for``, checked by the server's reaper). Ans
 yet sent (a client that pipelines frames and does not read) are counted in the same budget
 (``charge``, kept up to date by ``account``); past ``lane_unsent_bytes`` of them the connection's
 further frames wait, unanswered and unread (reading paused), until the transport drains them, so
-one read of many small frames never makes more than that bound plus one answer. A frame arriving
-while the budget is spent is answered RESOURCE_EXHAUSTED (after the answers before it) and the
-connection closed.
+one read of many small frames never makes more than that bound plus one answer. A frame of a
+connection with answers unsent, while the budget is spent, is answered RESOURCE_EXHAUSTED (after
+the answers before it) and the connection closed.
 """
 
 from __future__ import annotations
