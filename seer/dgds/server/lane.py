@@ -101,6 +101,8 @@ class LaneProtocol(asyncio.Protocol):
                                                            f"{self._max_connections} connections")
             return
         self._open.add(self)
+        # pause_writing comes at or before the unsent bound, so resume_writing always follows a wait
+        transport.set_write_buffer_limits(high=min(self._max_unsent, 64 << 10))
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
