@@ -38,8 +38,10 @@ SEER_ENTRIES = (
     "tensorboard", "mlruns", "wandb", "tracking.json",  # seer.watch.tracking
     "iterations.png",  # seer.loop
 )
-# A temp file of atomic_write_text that a kill left behind (".config.yaml.x1y2.tmp").
-_TEMP = re.compile(r"^\.(?P<name>.+)\.[^.]+\.tmp$")
+# A temp file of atomic_write_text that a kill left behind (".config.yaml.seer-tmp-x1y2z3w4"): Seer's
+# marker and tempfile's 8 random characters, so that a user's ".config.yaml.keep.tmp" is never one.
+_TEMP_TAG = ".seer-tmp-"
+_TEMP = re.compile(r"^\.(?P<name>.+)" + re.escape(_TEMP_TAG) + r"[a-z0-9_]{8}$")
 _ITER = re.compile(r"^iter_(\d+)$")
 
 
@@ -52,7 +54,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     the new, never a part: a temp file in the same directory, fsync, rename, fsync the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TEMP_TAG}", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -89,12 +91,12 @@ def _marked(d: Path) -> bool:
         return False
 
 
-def foreign_entries(d: Path) -> list[str]:
-    """What in `d` Seer did not write (`--overwrite` removes nothing, then)."""
+def foreign_entries(d: Path, names: list[str] | None = None) -> list[str]:
+    """What in `d` (or of `names`, a listing of it) Seer did not write (`--overwrite` removes nothing, then)."""
     def seer(name: str) -> bool:
         m = _TEMP.match(name)
         return name in SEER_ENTRIES or (m is not None and m["name"] in SEER_ENTRIES)
-    return sorted(c.name for c in d.iterdir() if not seer(c.name))
+    return sorted(n for n in (os.listdir(d) if names is None else names) if not seer(n))
 
 
 def _never_a_run_dir(d: Path) -> str | None:
@@ -177,14 +179,18 @@ def resolve_run_dir(run_dir: str | None, *, resume: bool, overwrite: bool, root:
         if not overwrite:
             raise RunDirError(f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                               f"or choose another --run-dir")
-        if foreign := foreign_entries(d):
+        # One listing, checked and then removed: an entry that appears after the check (a user's file
+        # written meanwhile) was never checked, so it is never removed.
+        checked = sorted(os.listdir(d))
+        if foreign := foreign_entries(d, checked):
             raise RunDirError(f"--overwrite: {d} holds a run but also {', '.join(foreign)}, which Seer did not "
                               f"write; --overwrite removes nothing then: move them, or choose another --run-dir")
-        for child in d.iterdir():
+        for name in checked:
+            child = d / name
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
-                child.unlink()  # a link: the link, never what it points at
+                child.unlink(missing_ok=True)  # a link: the link, never what it points at
         _mark(d)
         return d
     if d.exists() and (not d.is_dir() or any(d.iterdir())):

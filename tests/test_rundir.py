@@ -109,9 +109,48 @@ def test_overwrite_refuses_a_seer_run_that_also_holds_user_files_naming_them(tmp
     assert _tree(d) == before
     (d / "analysis.ipynb").unlink()
     (d / "notes").rmdir()
-    (d / ".config.yaml.ab12cd.tmp").write_text("cut by a kill")  # Seer's own temp file
+    (d / ".config.yaml.seer-tmp-ab12cd_9").write_text("cut by a kill")  # Seer's own temp file
     resolve_run_dir(str(d), resume=False, overwrite=True)
     assert [p.name for p in d.iterdir()] == [MARKER]
+
+
+def test_overwrite_keeps_a_user_file_that_looks_like_a_temp_file(tmp_path):
+    """A user's `.config.yaml.keep.tmp` is not Seer's temp file: --overwrite refuses, naming it, and
+    deletes nothing; the temp file atomic_write_text really leaves is still recognised as Seer's."""
+    d = tmp_path / "run"
+    _old_run(d)
+    (d / ".config.yaml.keep.tmp").write_text("my edits")
+    (d / ".metrics.jsonl.1.tmp").write_text("mine too")
+    before = _tree(d)
+    with pytest.raises(RunDirError, match=r"\.config\.yaml\.keep\.tmp"):
+        resolve_run_dir(str(d), resume=False, overwrite=True)
+    assert _tree(d) == before
+    (d / ".config.yaml.keep.tmp").unlink()
+    (d / ".metrics.jsonl.1.tmp").unlink()
+    import tempfile as _tempfile
+    from seer import rundir
+    fd, tmp = _tempfile.mkstemp(prefix=f".config.yaml{rundir._TEMP_TAG}", dir=d)  # what a kill leaves
+    os.close(fd)
+    assert rundir.foreign_entries(d) == []
+    resolve_run_dir(str(d), resume=False, overwrite=True)
+    assert [p.name for p in d.iterdir()] == [MARKER]
+
+
+def test_overwrite_removes_only_what_it_checked(tmp_path, monkeypatch):
+    """An entry that appears after the foreign-entry check was never checked: --overwrite leaves it."""
+    from seer import rundir
+    d = tmp_path / "run"
+    _old_run(d)
+    real = rundir.foreign_entries
+
+    def check_then_a_user_writes(*args, **kwargs):
+        out = real(*args, **kwargs)
+        (d / "written-meanwhile.txt").write_text("mine")
+        return out
+    monkeypatch.setattr(rundir, "foreign_entries", check_then_a_user_writes)
+    resolve_run_dir(str(d), resume=False, overwrite=True)
+    assert sorted(p.name for p in d.iterdir()) == sorted([MARKER, "written-meanwhile.txt"])
+    assert (d / "written-meanwhile.txt").read_text() == "mine"
 
 
 def test_a_repository_root_is_never_a_run_directory(tmp_path):

@@ -65,6 +65,9 @@ class HFArch:
     qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k before RoPE
     rope_scaling: Llama3RopeScaling | None = None  # None: default RoPE
     moe: MoEArch | None = None  # the sparse layers of a MoE model (Qwen3-MoE); None: dense
+    # config.pad_token_id: transformers' nn.Embedding padding_idx (its lookup gives that row no
+    # gradient); None: the config sets none
+    pad_token_id: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict) -> HFArch:
@@ -116,6 +119,7 @@ class HFArch:
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             rope_scaling=rope_scaling,
             moe=MoEArch.from_config(cfg, layers) if model_type == "qwen3_moe" else None,
+            pad_token_id=_pad_token_id(cfg),
         )
 
     @classmethod
@@ -125,6 +129,17 @@ class HFArch:
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+
+def _pad_token_id(cfg: dict) -> int | None:
+    """config.pad_token_id as transformers reads it for nn.Embedding(padding_idx=...), checked."""
+    pad = cfg.get("pad_token_id")
+    if pad is None:
+        return None
+    vocab = int(cfg["vocab_size"])
+    if isinstance(pad, bool) or not isinstance(pad, int) or not -vocab <= pad < vocab:
+        raise ValueError(f"config.json pad_token_id {pad!r} is not a token id of the vocab ({vocab})")
+    return pad % vocab  # nn.Embedding takes a negative padding_idx from the end
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: HFArch) -> torch.Tensor:

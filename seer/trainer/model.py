@@ -151,11 +151,53 @@ def build_gpt_model(arch: HFArch, params_dtype: torch.dtype = torch.float32, *,
     if arch.rope_scaling is not None:
         _scale_rope_llama3(model, arch)
     model.real_vocab_size = arch.vocab_size  # forward_logits drops the padded logit columns
+    if arch.pad_token_id is not None:
+        no_lookup_gradient_for(model.embedding.word_embeddings, arch.pad_token_id)
     use_positioned_rope(model)  # packed/tree streams: RoPE at each token's position in its own sequence
     if arch.moe is not None:
         moe_layers.after_build(model)
     tp_shard.mark_tp_params(model.named_parameters())
     return model
+
+
+class _NoGradientAt(torch.autograd.Function):
+    """Identity forward; backward drops the gradient at the masked token positions."""
+
+    @staticmethod
+    def forward(ctx, x, mask):
+        ctx.save_for_backward(mask)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad.masked_fill(mask.unsqueeze(-1), 0.0), None
+
+
+def no_lookup_gradient_for(word_embeddings: torch.nn.Module, pad_token_id: int) -> None:
+    """The embedding lookup gives row `pad_token_id` no gradient, as transformers'
+    ``nn.Embedding(padding_idx=config.pad_token_id)`` does for Qwen2/Qwen3/Qwen3-MoE/Llama: the
+    lookup's output gradient is dropped wherever the input is that token (the forward is
+    unchanged; a tied output layer still trains the row, as in transformers).
+
+    Without it a checkpoint whose pad row is zero (transformers initialises padding_idx to zero)
+    trains that row through RMSNorm at 0, whose slope is 1/sqrt(eps): ~1e5 gradient norms from
+    one pad-id token in a prompt or response. Megatron's VocabParallelEmbedding all-reduces its
+    output across TP ranks (no sequence parallelism here), so the output is [b, s, h] beside the
+    [b, s] input on every rank and every layout (padded rows, packed and tree streams) alike.
+    """
+    if getattr(word_embeddings, "reduce_scatter_embeddings", False):
+        raise NotImplementedError("pad_token_id with sequence-parallel embeddings (reduce-scatter) is not supported")
+
+    def hook(module, args, output):
+        if not torch.is_grad_enabled() or not output.requires_grad:
+            return output
+        mask = args[0] == pad_token_id
+        if output.shape[:-1] != mask.shape:
+            raise RuntimeError(f"embedding output {tuple(output.shape)} does not line up with its input {tuple(mask.shape)}")
+        return _NoGradientAt.apply(output, mask)
+
+    word_embeddings.register_forward_hook(hook)
 
 
 def _scale_rope_llama3(model: GPTModel, arch: HFArch) -> None:

@@ -33,6 +33,7 @@ from seer.dgds.proto import dgds_pb2_grpc as pb_grpc
 SECRET = "memory-test-secret"
 BUDGET = 48 << 20
 SLACK = 32 << 20  # allocator and gRPC buffers the accounting does not own
+LANE_UNSENT = 4 << 20  # --lane-unsent-bytes
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 MD = auth_metadata(SECRET)
 
@@ -210,13 +211,134 @@ def _attack_lane(s: Server) -> None:
         sock.close()
 
 
+def _read_frame(sock: socket.socket) -> tuple[int, bytes] | None:
+    """(status byte, body) of one lane answer, or None at the end of the connection."""
+    def exactly(n: int) -> bytes | None:
+        out = bytearray()
+        while len(out) < n:
+            chunk = sock.recv(min(n - len(out), 1 << 20))
+            if not chunk:
+                return None
+            out += chunk
+        return bytes(out)
+
+    head = exactly(5)
+    if head is None:
+        return None
+    (n,) = struct.unpack_from("<I", head)
+    body = exactly(n - 1)
+    assert body is not None, "the connection ended in the middle of an answer"
+    return head[4], body
+
+
+FETCH_TOKENS = 100_000  # one fetch's answer: ~400 KB
+PIPELINED = 300  # fetches in one write (4.8 KB): ~114 MiB of answers
+
+
+def _attack_lane_answers(s: Server) -> None:
+    """Many small fetches in one write, answers never read: the server stops answering (and reading)
+    the connection at --lane-unsent-bytes of unsent answers, counts them in its budget, and every
+    answer arrives once the client reads."""
+    resp = s.stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=600), timeout=30, metadata=MD)
+    half = FETCH_TOKENS // 2
+    assert _sync(s.stub, ["g"], [(0, "r", 0, half), (0, "r", half, half)], list(range(FETCH_TOKENS))) is None
+    time.sleep(1.2)  # (the reaper counts the appends anew: their upper-bound charges reach 1/16 of the budget)
+    before = s.metrics().approx_bytes
+    sock = socket.create_connection(("127.0.0.1", resp.sync_lane_port), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # (the kernel's share stays small)
+    sock.sendall(frame(HELLO + SECRET.encode()))
+    assert _read_frame(sock) == (0, b"")
+    fetch = frame(pb.SyncRequest(group_ids=["g"], fetch_group=[0], fetch_cursor=[0], fetch_known=[0])
+                  .SerializeToString())
+    sock.sendall(fetch * PIPELINED)
+    time.sleep(1.5)  # (the server answers what it will, then waits)
+    s.check_within_budget()
+    held = s.metrics().approx_bytes - before  # the unsent answers, as the server counts them
+    assert 0 < held <= LANE_UNSENT + (1 << 20), held  # the bound, plus the one answer that passed it
+    answers = 0
+    while (got := _read_frame(sock)) is not None:
+        code, body = got
+        assert code == 0, body.decode(errors="replace")
+        assert len(pb.SyncResponse.FromString(body).tokens) == 4 * FETCH_TOKENS
+        answers += 1
+        if answers == PIPELINED:
+            break
+    assert answers == PIPELINED  # every fetch answered, in order, once the client read
+    sock.close()
+    deadline = time.monotonic() + 10
+    # sent: no longer counted (what is left is the frames' own upper-bound charge, 16 per byte read)
+    while s.metrics().approx_bytes - before > 16 * len(fetch) * PIPELINED and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s.metrics().approx_bytes - before <= 16 * len(fetch) * PIPELINED
+
+
+def _attack_lane_answers_on_every_connection(s: Server) -> None:
+    """16 connections each holding --lane-unsent-bytes would pass the budget: the server stays within
+    it, and each client reads its answers and then, where the budget ran out, a RESOURCE_EXHAUSTED
+    error (never an answer cut off, nothing after the error)."""
+    resp = s.stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=600), timeout=30, metadata=MD)
+    half = FETCH_TOKENS // 2
+    assert _sync(s.stub, ["g"], [(0, "r", 0, half), (0, "r", half, half)], list(range(FETCH_TOKENS))) is None
+    fetch = frame(pb.SyncRequest(group_ids=["g"], fetch_group=[0], fetch_cursor=[0], fetch_known=[0])
+                  .SerializeToString())
+    socks, per_conn = [], 60
+    for _ in range(16):
+        sock = socket.create_connection(("127.0.0.1", resp.sync_lane_port), timeout=30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        sock.sendall(frame(HELLO + SECRET.encode()))
+        assert _read_frame(sock) == (0, b"")
+        sock.sendall(fetch * per_conn)
+        socks.append(sock)
+    time.sleep(1.5)
+    s.check_within_budget()
+    outcomes = []
+    for sock in socks:
+        answers, error = 0, None
+        while answers < per_conn and (got := _read_frame(sock)) is not None:
+            code, body = got
+            if code != 0:
+                error = (code, body.decode())
+                assert _read_frame(sock) is None  # the error is the last frame
+                break
+            assert len(pb.SyncResponse.FromString(body).tokens) == 4 * FETCH_TOKENS
+            answers += 1
+        sock.close()
+        outcomes.append((answers, error))
+        assert answers == per_conn or (error is not None and error[0] == EXHAUSTED.value[0]
+                                       and "memory budget" in error[1]), (answers, error)
+    assert any(e is not None for _, e in outcomes) and any(a == per_conn for a, _ in outcomes), outcomes
+
+
+def _attack_grpc_answers(s: Server) -> None:
+    """The same fetches on a SyncStream whose client does not read: gRPC's flow control holds the
+    server's writes, and the answer it holds is counted in the budget; reading gets every answer."""
+    s.stub.RegisterGroup(pb.RegisterGroupRequest(group_id="g", ttl_seconds=600), timeout=30, metadata=MD)
+    half = FETCH_TOKENS // 2
+    assert _sync(s.stub, ["g"], [(0, "r", 0, half), (0, "r", half, half)], list(range(FETCH_TOKENS))) is None
+    time.sleep(1.2)  # (the reaper's recount, as above)
+    before = s.metrics().approx_bytes
+    req = pb.SyncRequest(group_ids=["g"], fetch_group=[0], fetch_cursor=[0], fetch_known=[0])
+    answers = s.stub.SyncStream(iter([req] * PIPELINED), metadata=MD, timeout=120)
+    time.sleep(1.5)
+    s.check_within_budget()
+    held = s.metrics().approx_bytes - before
+    assert 4 * FETCH_TOKENS <= held <= 2 * (4 * FETCH_TOKENS) + 16 * req.ByteSize() * PIPELINED, held
+    assert sum(len(a.tokens) == 4 * FETCH_TOKENS for a in answers) == PIPELINED
+    deadline = time.monotonic() + 10
+    while s.metrics().approx_bytes - before > 16 * req.ByteSize() * PIPELINED and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s.metrics().approx_bytes - before <= 16 * req.ByteSize() * PIPELINED  # sent: no longer counted
+
+
 ATTACKS = {"groups": _attack_groups, "requests": _attack_requests, "out_of_order": _attack_out_of_order,
-           "tokens": _attack_tokens, "lane": _attack_lane}
+           "tokens": _attack_tokens, "lane": _attack_lane, "lane_answers": _attack_lane_answers,
+           "lane_answers_on_every_connection": _attack_lane_answers_on_every_connection,
+           "grpc_answers": _attack_grpc_answers}
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_one_client_cannot_grow_the_server_past_its_memory_budget(attack):
-    s = Server("--max-lane-connections", "16", "--lane-idle", "4")
+    s = Server("--max-lane-connections", "16", "--lane-idle", "4", "--lane-unsent-bytes", str(LANE_UNSENT))
     try:
         ATTACKS[attack](s)
         s.check_within_budget()

@@ -18,7 +18,10 @@ LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_fre
                    original_max_position_embeddings=64)
 
 
-def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, seed: int = 0) -> Path:
+def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, seed: int = 0,
+                 pad_token_id: int | None = None) -> Path:
+    """`pad_token_id`: the config's, which transformers makes nn.Embedding's padding_idx (that row
+    initialised to zero and never given a gradient by the embedding lookup)."""
     import transformers
 
     common = dict(
@@ -32,6 +35,7 @@ def make_tiny_hf(out_dir: Path, model_type: str = "qwen2", tie: bool = False, se
         tie_word_embeddings=tie,
         initializer_range=0.2,  # larger than default so logits differ visibly between tokens
         rope_theta=50000.0 if model_type == "qwen2" else 10000.0,
+        pad_token_id=pad_token_id,
     )
     torch.manual_seed(seed)
     if model_type == "qwen2":
@@ -76,7 +80,7 @@ def tiny_llama3(tmp_path_factory) -> Path:
 
 
 def make_tiny_moe(out_dir: Path, seed: int = 0, norm_topk_prob: bool = True, mlp_only_layers: tuple = (),
-                  hidden: int = 64) -> Path:
+                  hidden: int = 64, pad_token_id: int | None = None) -> Path:
     """A random Qwen3-MoE: 2 layers, 8 experts, top-2 (QK-norm as Qwen3); routers and norms randomised
     so that every token prefers clearly different experts and a dropped mapping shows."""
     import transformers
@@ -85,7 +89,7 @@ def make_tiny_moe(out_dir: Path, seed: int = 0, norm_topk_prob: bool = True, mlp
         hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, vocab_size=64,
         max_position_embeddings=256, initializer_range=0.2, norm_topk_prob=norm_topk_prob,
-        mlp_only_layers=list(mlp_only_layers), tie_word_embeddings=False,
+        mlp_only_layers=list(mlp_only_layers), tie_word_embeddings=False, pad_token_id=pad_token_id,
     )
     torch.manual_seed(seed)
     model = transformers.Qwen3MoeForCausalLM(cfg)

@@ -1,4 +1,5 @@
-"""HF -> Megatron -> HF is exact: same tensors, same logits (fp32, 1e-4)."""
+"""HF -> Megatron -> HF is exact: same tensors, same logits (fp32, 1e-4); a training step's
+gradients are transformers' (the config's pad_token_id row included: none from the lookup)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,77 @@ def test_unsupported_configs_are_refused():
     assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 8
     with pytest.raises(NotImplementedError, match="attention_bias"):
         HFArch.from_config({**base, "model_type": "qwen3", "attention_bias": True})
+
+
+# ---- first-step gradients against transformers', with the config's pad_token_id in the data ----------
+
+PAD = 7  # the config's pad_token_id, also the trainer's padding id (seer-run sets it from the tokenizer)
+
+
+def _pad_seqs():
+    """Three samples of different lengths (so padded rows and streams both occur) with the pad id
+    as a real token in prompts and responses, read by later positions, and a shared prompt (tree)."""
+    from seer.trainer.batching import TrainSequence
+
+    return [TrainSequence([3, PAD, 9, 12], [PAD, 20, 5], advantage=0.8),
+            TrainSequence([3, PAD, 9, 12], [33, PAD, PAD, 41, 2], advantage=-0.5),
+            TrainSequence([PAD, 50, 8], [11, 60], advantage=0.3)]
+
+
+def _hf_grads(path, seqs) -> dict[str, torch.Tensor]:
+    """Gradients of the trainer's first-step loss (on-policy PPO ratio 1: -A * log p, token-mean)
+    in transformers, under HF checkpoint names (fused MoE experts split per expert as saved)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    n_tokens = sum(len(s.response_ids) for s in seqs)
+    loss = 0.0
+    for s in seqs:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        loss = loss - s.advantage * logp[len(s.prompt_ids) - 1:].sum() / n_tokens
+    loss.backward()
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows then up rows
+            half = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = g[e, :half]
+                out[f"{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = g[e, half:]
+        elif name.endswith("mlp.experts.down_proj"):
+            for e in range(g.shape[0]):
+                out[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = g[e]
+        else:
+            out[name] = g
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "llama"])
+def test_first_step_gradients_equal_transformers_and_the_pad_row_gets_none(family, tmp_path):
+    """A checkpoint whose config sets pad_token_id: transformers' nn.Embedding(padding_idx=...)
+    gives that row no gradient (and initialised it to zero, so training it through RMSNorm at 0
+    gave ~1e5 norms); the trainer's gradients equal transformers' in every layout, that row's
+    included (zero), wherever the pad id sits in the samples."""
+    from tests.trainer.conftest import make_tiny_hf, make_tiny_moe
+    from tests.trainer.test_packing import _step
+
+    if family == "qwen3_moe":
+        path = make_tiny_moe(tmp_path / "ckpt", seed=3, pad_token_id=PAD)
+    else:
+        path = make_tiny_hf(tmp_path / "ckpt", "llama", seed=4, pad_token_id=PAD)
+    arch = HFArch.from_dir(path)
+    assert arch.pad_token_id == PAD and not arch.tie_word_embeddings
+    seqs = _pad_seqs()
+    expected = _hf_grads(path, seqs)
+    assert expected["model.embed_tokens.weight"][PAD].abs().max() == 0  # transformers' side of the claim
+    assert expected["model.embed_tokens.weight"][20].abs().max() > 0  # other looked-up rows do train
+    trainer = Trainer(path, TrainerConfig(lr=0.0, pad_token_id=PAD))
+    for layout in ("padded", "packed", "tree"):
+        metrics, grads = _step(trainer, seqs, layout, "token-mean")
+        ours = megatron_to_hf(grads, arch)
+        assert ours.keys() == expected.keys()
+        assert ours["model.embed_tokens.weight"][PAD].abs().max() == 0, layout
+        for name, g in expected.items():
+            torch.testing.assert_close(ours[name], g, atol=1e-5, rtol=1e-4, msg=f"{layout} {name}")
+        assert metrics.grad_norm < 100.0

@@ -79,12 +79,20 @@ def _run_case(arch: HFArch, hf: dict[str, torch.Tensor]) -> dict:
     }
 
 
-CASES = ("qwen2", "llama_tied", "qwen2_vocab63", "qwen3_tied")
+CASES = ("qwen2", "llama_tied", "qwen2_vocab63", "qwen3_tied", "qwen2_pad")
+
+
+def _pad_in_batch(vocab: int) -> int:
+    """A pad_token_id that the batch uses and the second TP rank's vocab half holds."""
+    return int(_batch(vocab)[0].max())
 
 
 def _case_inputs(dirs: dict[str, Path]) -> dict[str, tuple[HFArch, dict[str, torch.Tensor]]]:
-    return {"qwen2": _read(dirs["qwen2"]), "llama_tied": _read(dirs["llama_tied"]),
-            "qwen2_vocab63": _read(dirs["qwen2"], vocab=63), "qwen3_tied": _read(dirs["qwen3_tied"])}
+    qwen2 = _read(dirs["qwen2"])
+    pad = dataclasses.replace(qwen2[0], pad_token_id=_pad_in_batch(qwen2[0].vocab_size))
+    return {"qwen2": qwen2, "llama_tied": _read(dirs["llama_tied"]),
+            "qwen2_vocab63": _read(dirs["qwen2"], vocab=63), "qwen3_tied": _read(dirs["qwen3_tied"]),
+            "qwen2_pad": (pad, qwen2[1])}
 
 
 def _tp_worker(rank: int, port: int, dirs: dict[str, Path], out_dir: Path) -> None:
@@ -204,6 +212,16 @@ def test_tp2_matches_tp1(case, tp_results, tiny_qwen2, tiny_llama_tied, tiny_qwe
     arch, hf = _case_inputs({"qwen2": tiny_qwen2, "llama_tied": tiny_llama_tied, "qwen3_tied": tiny_qwen3_tied})[case]
     full = hf_to_megatron(hf, arch)
     assert ref["logits"].shape[-1] == arch.vocab_size
+    if arch.pad_token_id is not None:  # config.pad_token_id: its row gets no gradient, the rest is unchanged
+        pad, emb = arch.pad_token_id, "embedding.word_embeddings.weight"
+        assert pad >= arch.vocab_size // TP  # the second rank's vocab half holds it
+        plain = tp_results[0]["qwen2"]["grads"]
+        assert plain[emb][pad].abs().max() > 0 and ref["grads"][emb][pad].abs().max() == 0
+        for rank_result in ranks:
+            assert rank_result["grads"][emb][pad].abs().max() == 0
+        for name, g in plain.items():
+            rows = torch.arange(g.shape[0]) != pad if name == emb else slice(None)
+            torch.testing.assert_close(ref["grads"][name][rows], g[rows], atol=0, rtol=0, msg=name)
     for rank, got in enumerate(ranks):
         # the model each rank built holds exactly its shard_state shapes, and Megatron's TP marks
         assert got["local_shapes"] == {n: tuple(t.shape) for n, t in tp_shard.shard_state(full, arch, rank, TP).items()}

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-lane-connections", type=int, default=Limits.max_lane_connections)
     serve.add_argument("--lane-idle", type=float, default=Limits.lane_idle_s,
                        help="seconds a sync-lane connection may stop in the middle of a frame before it is closed")
+    serve.add_argument("--lane-unsent-bytes", type=int, default=Limits.lane_unsent_bytes,
+                       help="answers a sync-lane connection may have unsent (its client not reading) before "
+                            "its further frames wait")
     serve.add_argument("--reap-interval", type=float, default=1.0, help="seconds between TTL sweeps")
     serve.add_argument("--grace", type=float, default=5.0, help="seconds in-flight calls get at shutdown")
     serve.add_argument("--log-level", default="INFO")
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = {} if args.max_bytes is None else {"max_bytes": args.max_bytes}
     limits = Limits(max_groups=args.max_groups, max_tokens_per_update=args.max_tokens_per_update,
                     max_requests_per_group=args.max_requests_per_group,
-                    max_lane_connections=args.max_lane_connections, lane_idle_s=args.lane_idle, **budget)
+                    max_lane_connections=args.max_lane_connections, lane_idle_s=args.lane_idle,
+                    lane_unsent_bytes=args.lane_unsent_bytes, **budget)
     server = DgdsServer(args.host, args.port, max_depth=args.max_depth, limits=limits,
                         reap_interval_s=args.reap_interval, token=token, lazy_trees=not args.eager_trees,
                         sync_lane=not args.no_sync_lane).start()

@@ -88,6 +88,9 @@ class Limits:
     evict_idle_s: float = 60.0  # a group no append renewed for this long may be evicted for room
     max_lane_connections: int = 1_024
     lane_idle_s: float = 30.0  # a sync-lane connection stopped this long in the middle of a frame is closed
+    # answers a sync-lane connection may have written but not yet sent (its client not reading): past
+    # it the server answers no more of its frames and stops reading it until the answers drain
+    lane_unsent_bytes: int = 4 << 20
     max_rows_per_speculate: int = 4_096
     max_context_tokens: int = 1_000_000
     max_spec_tokens: int = 256
@@ -99,8 +102,10 @@ class Limits:
     def __post_init__(self) -> None:
         if self.max_pending_tokens_per_group < self.max_tokens_per_update:
             raise ValueError("max_pending_tokens_per_group must hold at least one update (max_tokens_per_update)")
-        if self.max_pending_per_request < 1 or self.max_requests_per_group < 1 or self.max_bytes < 1:
-            raise ValueError("max_pending_per_request, max_requests_per_group and max_bytes must be >= 1")
+        if self.max_pending_per_request < 1 or self.max_requests_per_group < 1 or self.max_bytes < 1 \
+                or self.lane_unsent_bytes < 1:
+            raise ValueError("max_pending_per_request, max_requests_per_group, max_bytes and lane_unsent_bytes "
+                             "must be >= 1")
 
 
 # The store's memory accounting (bytes; GroupStore.used_bytes). Upper bounds of what the compiled
@@ -474,6 +479,18 @@ class GroupStore:
 
     def release_io(self, n: int) -> None:
         self.io_bytes -= n
+
+    def charge_io(self, n: int) -> None:
+        """Count n more (or, negative, fewer) bytes the connections hold that are already in memory
+        (answers written but not yet sent): counted whatever the budget says, so that what comes
+        next is refused while they are."""
+        with self._lock:
+            self.io_bytes += n
+
+    def has_room(self) -> bool:
+        """Whether the budget has room for anything at all (after making room as `reserve_io` does):
+        checked before an answer is made, whose size is known only once it is."""
+        return self.reserve_io(0)
 
     def _admit(self, n: int, now: float) -> None:
         """Room for n more bytes, or TooLarge (held lock)."""

@@ -92,9 +92,17 @@ async def _abort(context: grpc.aio.ServicerContext, e: DgdsError):
     await context.abort(code, str(e))
 
 
+_LARGE_ANSWERS = ("Sync", "FetchCst", "BatchSpeculate")  # answers that grow with what the store holds
+
+
+def _size(answer) -> int:
+    return len(answer) if type(answer) is bytes else answer.ByteSize()
+
+
 def _rpc(request_type: type) -> Callable:
     """Parse the request (a malformed one is INVALID_ARGUMENT, not gRPC's UNKNOWN), time the call,
-    count it, and turn DgdsErrors into status codes."""
+    count it, and turn DgdsErrors into status codes. The answer is counted in the memory budget
+    until gRPC is done with the call (sent, or the call ended)."""
 
     def decorate(method: Callable) -> Callable:
         name = method.__name__
@@ -104,8 +112,11 @@ def _rpc(request_type: type) -> Callable:
             t0 = time.perf_counter()
             ok = False
             try:
+                if name in _LARGE_ANSWERS:  # (registration, finish and metrics are answered whatever the budget)
+                    self._room_for_answers()
                 out = method(self, raw if request_type is bytes else _parse(request_type, raw))
                 ok = True
+                self._hold_answer(_size(out), context)
                 return out
             except DgdsError as e:
                 await _abort(context, e)
@@ -133,6 +144,23 @@ class DraftServicer:
         self.store = store
         self.metrics = metrics
         self.lane_port = 0  # the sync lane's, once bound (0: none)
+        self.answer_bytes = 0  # answers made and not yet sent by gRPC (counted in the store's budget)
+
+    def _charge_answer(self, n: int) -> None:
+        self.answer_bytes += n
+        self.store.charge_io(n)
+
+    def _hold_answer(self, n: int, context: grpc.aio.ServicerContext) -> None:
+        """Count a unary call's answer in the budget until the call is done."""
+        self._charge_answer(n)
+        context.add_done_callback(lambda _call: self._charge_answer(-n))
+
+    def _room_for_answers(self) -> None:
+        """Refuse to make another answer while answers not yet sent hold what the budget has left
+        (an answer's size is known only once it is made: one may pass the budget)."""
+        if self.answer_bytes and not self.store.has_room():
+            raise TooLarge(f"the server's memory budget ({self.store.limits.max_bytes} bytes) is spent, "
+                           f"{self.answer_bytes} bytes of it by answers not yet sent")
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers, for grpc.aio.Server.add_generic_rpc_handlers."""
@@ -218,12 +246,18 @@ class DraftServicer:
         async for raw in requests:
             t0 = time.perf_counter()
             try:
+                self._room_for_answers()
                 response = self._sync_raw(raw, cache)
             except DgdsError as e:
                 self.metrics.observe("SyncStream", time.perf_counter() - t0, False)
                 await _abort(context, e)
             self.metrics.observe("SyncStream", time.perf_counter() - t0, True)
-            await context.write(response)
+            n = _size(response)
+            self._charge_answer(n)  # counted until gRPC has it sent (its reader's flow control)
+            try:
+                await context.write(response)
+            finally:
+                self._charge_answer(-n)
 
     @_rpc(pb.BatchSpeculateRequest)
     def BatchSpeculate(self, request: pb.BatchSpeculateRequest) -> pb.BatchSpeculateResponse:
@@ -360,7 +394,9 @@ class DgdsServer:
             store, limits = self.store, self.store.limits
             self._lane = await asyncio.get_running_loop().create_server(
                 lambda: LaneProtocol(servicer._sync_raw, self.metrics.observe, _status_of, token, max_message_bytes,
-                                     self._lane_conns, limits.max_lane_connections, store.reserve_io, store.release_io),
+                                     self._lane_conns, limits.max_lane_connections, store.reserve_io, store.release_io,
+                                     max_unsent=limits.lane_unsent_bytes, charge=store.charge_io,
+                                     has_room=store.has_room),
                 host, 0)
             servicer.lane_port = self.lane_port = self._lane.sockets[0].getsockname()[1]
         return bound
@@ -383,6 +419,8 @@ class DgdsServer:
             if n:
                 log.info("freed %d expired group(s)", n)
             now = time.monotonic()
+            for conn in list(self._lane_conns):
+                conn.account()  # answers sent since the last look are no longer charged
             for conn in [c for c in self._lane_conns if c.idle_for(now) >= idle_s]:
                 log.info("closing a sync-lane connection idle for %.0f s in the middle of a frame", idle_s)
                 conn.close()

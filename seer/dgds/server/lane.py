@@ -21,7 +21,13 @@ Bounds (Limits): at most ``max_lane_connections`` open connections (one more is 
 RESOURCE_EXHAUSTED and closed); a frame that does not arrive whole in one read is held against the
 store's memory budget for its declared length until it is complete (RESOURCE_EXHAUSTED if the
 budget has no room), and a connection that sends nothing for ``lane_idle_s`` in the middle of a
-frame is closed (``LaneProtocol.idle_for``, checked by the server's reaper).
+frame is closed (``LaneProtocol.idle_for``, checked by the server's reaper). Answers written but not
+yet sent (a client that pipelines frames and does not read) are counted in the same budget
+(``charge``, kept up to date by ``account``); past ``lane_unsent_bytes`` of them the connection's
+further frames wait, unanswered and unread (reading paused), until the transport drains them, so
+one read of many small frames never makes more than that bound plus one answer. A frame of a
+connection with answers unsent, while the budget is spent, is answered RESOURCE_EXHAUSTED (after
+the answers before it) and the connection closed.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ class LaneProtocol(asyncio.Protocol):
     per frame. ``sync`` raises DgdsError for what the gRPC stream would abort with."""
 
     def __init__(self, sync, observe, status_of, token: str | None, max_message_bytes: int, open_set: set,
-                 max_connections: int = 1024, reserve=None, release=None):
+                 max_connections: int = 1024, reserve=None, release=None, *, max_unsent: int = 4 << 20,
+                 charge=None, has_room=None):
         self._sync, self._observe, self._status_of = sync, observe, status_of
         self._open = open_set  # the server's open connections (LaneProtocols), closed when it stops
         self._hello = HELLO + (token or "").encode()
@@ -56,28 +63,46 @@ class LaneProtocol(asyncio.Protocol):
         self._max_connections = max_connections
         self._reserve, self._release = reserve, release  # the store's budget for partial frames (bytes)
         self._held = 0  # bytes reserved for the partial frame in _buf
+        self._max_unsent = max_unsent  # answers written and not yet sent, past which frames wait
+        self._charge, self._has_room = charge, has_room  # the store's budget for those answers
+        self._unsent = 0  # the unsent answer bytes charged (the transport's write buffer when last looked)
+        self._waiting = False  # frames in _buf wait for the answers before them to drain
         self.last_read = time.monotonic()  # the last bytes received (the reaper's idle check)
         self._buf = bytearray()
         self._cache = [None]  # this connection's group lookup (GroupStore.sync_raw)
         self._authed = False
         self._transport: asyncio.Transport | None = None
+        self._written: asyncio.Transport | None = None  # the transport until the connection is lost
         self._timer: asyncio.TimerHandle | None = None
 
     def idle_for(self, now: float) -> float:
-        """Seconds this connection has sat in the middle of a frame (0 between frames)."""
-        return now - self.last_read if self._buf else 0.0
+        """Seconds this connection has sat in the middle of a frame (0 between frames, and while its
+        whole frames wait for its client to read the answers before them)."""
+        return now - self.last_read if self._buf and not self._waiting else 0.0
+
+    def account(self) -> int:
+        """Charge the budget with the answers written and not yet sent (the transport's write buffer),
+        instead of what was charged; returns them."""
+        t = self._written  # (also after _fail: a closing transport holds what it has to flush)
+        n = t.get_write_buffer_size() if t is not None else 0
+        if n != self._unsent and self._charge is not None:
+            self._charge(n - self._unsent)
+        self._unsent = n
+        return n
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+        self._transport = self._written = transport
         if len(self._open) >= self._max_connections:
             self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the sync lane holds its maximum of "
                                                            f"{self._max_connections} connections")
             return
         self._open.add(self)
+        # pause_writing comes at or before the unsent bound, so resume_writing always follows a wait
+        transport.set_write_buffer_limits(high=min(self._max_unsent, 64 << 10))
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -91,9 +116,11 @@ class LaneProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._open.discard(self)
-        self._transport = None
+        self._transport = self._written = None
         self._hold(0)
+        self.account()  # (no transport: nothing unsent any more)
         self._buf = bytearray()
+        self._waiting = False
 
     def _hold(self, n: int) -> bool:
         """Hold n bytes of the budget for the partial frame (instead of what was held)."""
@@ -111,8 +138,14 @@ class LaneProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.pause_reading()
 
-    def resume_writing(self) -> None:
-        if self._transport is not None:
+    def resume_writing(self) -> None:  # its answers drained: answer the frames that waited, read again
+        self.account()
+        if self._transport is None:
+            return
+        if self._waiting:
+            self._waiting = False
+            self._frames()
+        if self._transport is not None and not self._waiting:
             self._transport.resume_reading()
 
     def _fail(self, code: grpc.StatusCode, message: str) -> None:
@@ -125,15 +158,25 @@ class LaneProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = time.monotonic()
-        if self._authed and not self._buf and len(data) >= 4:  # the usual case: one whole frame
+        if self._authed and not self._buf and len(data) >= 4 and not self._unsent:  # the usual case: one whole frame
             (n,) = LEN.unpack_from(data)
             if len(data) == 4 + n and n <= self._max:
                 with memoryview(data) as view:
                     self._answer(view[4:])
                 return
+        self._buf += data
+        if not self._waiting:
+            self._frames()
+
+    def _frames(self) -> None:
+        """Answer the whole frames in _buf until one is partial, or the answers not yet sent pass
+        the bound (the rest wait, reading paused, for ``resume_writing``)."""
         buf = self._buf
-        buf += data
         while self._transport is not None and len(buf) >= 4:
+            if self._authed and self.account() > self._max_unsent:
+                self._waiting = True
+                self._transport.pause_reading()
+                return
             (n,) = LEN.unpack_from(buf)
             limit = self._max if self._authed else MAX_HELLO_BYTES
             if n > limit:
@@ -156,6 +199,11 @@ class LaneProtocol(asyncio.Protocol):
                 self._fail(grpc.StatusCode.UNAUTHENTICATED, "wrong hello or secret")
 
     def _answer(self, raw: bytes) -> None:
+        if self._has_room is not None and self._unsent and not self._has_room():
+            # (answers still unsent, the budget spent: this one would be more of what it cannot hold)
+            self._fail(grpc.StatusCode.RESOURCE_EXHAUSTED, "the server's memory budget is spent (answers not yet "
+                                                           "read included): read the answers, then send again")
+            return
         t0 = time.perf_counter()
         try:
             out = self._sync(raw, self._cache)
@@ -166,3 +214,4 @@ class LaneProtocol(asyncio.Protocol):
             return
         self._observe("SyncLane", time.perf_counter() - t0, True)
         self._transport.write(frame(out if type(out) is bytes else out.SerializeToString(), OK))
+        self.account()
