@@ -15,7 +15,9 @@ from seer.scheduler import SchedulerConfig
 from seer.tasks.env import EnvConfig, EnvRunner
 from seer.tasks.reward import RewardRunner
 from seer.types import PromptSpec, SamplingParams
+from seer.metrics_log import iteration_record
 from tests.multiturn.test_turns import ScriptedEngine, decode
+from tests.test_metrics_fields import undocumented
 
 VOCAB = 200  # the scripted engine's tokens are characters below it
 BROKEN = {  # how -> what the sample's reward_error says
@@ -64,6 +66,8 @@ def test_environment_output_that_breaks_the_contract_costs_only_its_own_trajecto
     np_ids = [s for s in batch.samples if hows[s.group_id] == "np_ids"]
     assert all(s.response_ids.count(61) >= 2 and s.turns == 2 for s in np_ids)  # NumPy's ids were appended
     assert batch.stats.extra["env_errors"] == 2 * len(BROKEN)
+    rec = iteration_record(batch)
+    assert undocumented(rec) == [] and rec["reward_errors"] == 2 * len(BROKEN)  # docs/watching.md names every field
 
 
 @pytest.mark.timeout(120)
