@@ -59,3 +59,21 @@ def test_the_loops_own_keys_are_documented():
             keys.update(k.arg for k in node.keywords if k.arg)
     assert {"reward_error_total", "weight_sync_s", "train_skipped", "train_ranks", "instance_nodes"} <= keys
     assert undocumented(dict.fromkeys(keys)) == []
+
+
+def test_a_record_counts_sessions_and_samples_apart_each_under_its_own_name():
+    """Issue 36: with branches, `num_samples` counted sessions while `reward_mean` averaged rows."""
+    from seer.metrics_log import iteration_record
+    from seer.types import Branch, IterationStats, PromptSpec, RolloutBatch, Sample
+
+    def row(session: str, i: int, reward: float | None, failure: str | None = None) -> Sample:
+        return Sample(0, i, f"{session}-{i}", PromptSpec(0, "", [1], {}), [2, 3], [0.0, 0.0], "stop", 0.0, 0.0, ["e0"],
+                      reward=reward, failure=failure, branch=Branch(session, (i,)))
+
+    # session a left two leaves (reward 1), b one (reward 0), c failed for the system's reasons
+    rows = [row("a", 0, 1.0), row("a", 1, 1.0), row("b", 2, 0.0), row("c", 3, None, "system")]
+    stats = IterationStats(0, "context", 1.0, 8, 8.0, 0.0, num_samples=3, preemptions=0)
+    rec = iteration_record(RolloutBatch(rows, stats))
+    assert (rec["num_samples"], rec["num_sessions"], rec["num_generated"], rec["num_trained_samples"]) == (4, 3, 3, 3)
+    assert rec["reward_mean"] == 2 / 3 and rec["reward_mean_sessions"] == 0.5
+    assert rec["system_failed_samples"] == rec["system_failed_sessions"] == 1 and undocumented(rec) == []
