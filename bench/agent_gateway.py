@@ -371,7 +371,10 @@ def iteration_metrics(batch, wall_s: float, calls: dict | None) -> dict:
     if calls is not None:
         extra = batch.stats.extra
         m.update(calls=extra.get("gateway_calls"), branches=extra.get("gateway_branches"),
-                 agent_errors=extra.get("agent_errors"), agent_error_messages=extra.get("agent_error_messages"),
+                 # every failed session, the agent's own and the system's (issue 36 split them in the record)
+                 agent_errors=(extra.get("agent_errors") or 0) + len({x.session for x in batch.samples
+                                                                      if x.failure == "system"}),
+                 agent_error_messages=[*extra.get("agent_error_messages", []), *extra.get("system_error_messages", [])],
                  clocked_calls=calls["calls"], handler_s=calls["handler_s"], session_s=calls["session_s"])
     return m
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from seer.plugins import PluginError
     from seer.rundir import RunDirError
     from seer.scheduler import RolloutError
-    from seer.tasks import DatasetError, PromptTooLongError, RewardSpecError
+    from seer.tasks import DatasetError, PromptTooLongError, RewardAborted, RewardSpecError
     from seer.trainer.errors import TrainerGroupError
 
     try:
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]seer-run: {e}; the run directory keeps every committed iteration: continue it "
                       f"with --resume[/]")
         return 1
-    except (FleetError, RolloutError) as e:  # every instance lost, or a request that keeps failing
+    # every instance lost, a request that keeps failing, or a failed sample under reward_error_policy: abort
+    except (FleetError, RolloutError, RewardAborted) as e:
         console.print(f"[red]seer-run: {e}[/]")
         return 1
     except KeyboardInterrupt:

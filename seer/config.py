@@ -365,6 +365,16 @@ def validate(cfg: RunConfig) -> None:
     for key, why in [*cfg.env.problems(), *cfg.agent.problems(), *cfg.gateway.problems()]:
         raise ConfigError(f"config key {key!r}: {why}")
     if t.agent is not None:
+        # Not implemented for agents (docs/agents-gateway.md, "What agents cannot use"): refused, not ignored.
+        _require(not r.dynamic_sampling or r.function not in (RolloutConfig.function, "seer.rollout.divided:divided_rollout"),
+                 "rollout.dynamic_sampling",
+                 "true is not supported with task.agent: the gateway rollout runs each iteration's sessions in "
+                 "one round and cannot replace all-equal groups; set rollout.dynamic_sampling: false")
+        _require(cfg.trainer.reward_shaping == "none", "trainer.reward_shaping",
+                 f"{cfg.trainer.reward_shaping!r} is not supported with task.agent: shaping measures a sample's "
+                 "response tokens against rollout.max_tokens, but an agent sample's response holds tool results "
+                 "and user turns between its calls, and rollout.max_tokens bounds each call, not the session; "
+                 "set trainer.reward_shaping: none")
         try:
             AgentSpec.parse(t.agent, cfg.agent.timeout_s, args=t.agent_args, cfg=cfg.agent)
         except AgentSpecError as e:

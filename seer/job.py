@@ -189,7 +189,8 @@ class Job:
             return
         from seer.tasks.env import EnvRunner
 
-        runner = EnvRunner(self.task.env, self.cfg.env, self.task.env_args, log=self.run.log)
+        runner = EnvRunner(self.task.env, self.cfg.env, self.task.env_args, log=self.run.log,
+                           vocab_size=len(self.tokenizer))  # an observation's token ids are checked against it
         try:
             yield runner
         finally:
@@ -251,7 +252,7 @@ class Job:
         atomic_write_text(self.run.rollout_file(iteration), "".join(json.dumps({
             "group_id": s.group_id, "sample_index": s.sample_index, "prompt_index": s.prompt.index,
             "request_id": s.request_id, "num_tokens": s.num_tokens, "finish_reason": s.finish_reason,
-            "reward": s.reward, "reward_error": s.reward_error, "weight_version": s.weight_version,
+            "reward": s.reward, "reward_error": s.reward_error, "failure": s.failure, "weight_version": s.weight_version,
             "instances": s.instances, "start_time": s.start_time, "finish_time": s.finish_time,
             "turns": s.turns,
         }) + "\n" for s in batch.samples))

@@ -81,7 +81,12 @@ async def _one_iteration(job: Job, fleet, rewards, env, trainer, it: int, versio
     job.write_rollouts(batch, it)
     extra = {"reward_error_total": rewards.stats.errors, "reward_pools_broken_total": rewards.stats.pools_broken,
              "weight_version": version}
-    if trainer is not None:
+    if trainer is not None and not any(s.response_ids for g in batch.train_groups() for s in g):
+        # every sample failed for the system's reasons (Sample.failure): nothing of the policy's to
+        # learn from, so the weights stay as they are (and the record says why)
+        extra["train_skipped"] = "no sample to train on: every group lost its samples to system failures"
+        job.run.log(f"iteration {it}: training skipped: {extra['train_skipped']}")
+    elif trainer is not None:
         with watch.phase("training", f"training on iteration {it}"):
             tm = await asyncio.to_thread(trainer.train_step, batch)
         version = trainer.iteration

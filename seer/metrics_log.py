@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.table import Table
 
 from seer.rundir import atomic_write_text
-from seer.types import RolloutBatch
+from seer.types import SYSTEM_FAILURE, RolloutBatch
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -27,14 +27,27 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def iteration_record(batch: RolloutBatch, extra: dict | None = None) -> dict:
-    """Flat metrics of one iteration (the JSONL line), plus nested per-instance and timeline data."""
+    """Flat metrics of one iteration (the JSONL line), plus nested per-instance and timeline data.
+
+    Every field is documented in docs/watching.md ("Fields of metrics.jsonl"). A sample is one row of
+    the batch (one trained sequence); a session is what a group counts once: an agent session with all
+    the leaves its branches left, else the sample itself. Per-sample numbers say `samples` or nothing
+    (the older names), per-session ones say `sessions`."""
     st = batch.stats
     rewards = [s.reward for s in batch.samples if s.reward is not None]
     lengths = [s.num_tokens for s in batch.samples]
+    sessions: dict[str, float | None] = {}  # a session's reward: its leaves all carry it
+    for s in batch.samples:
+        sessions.setdefault(s.session, s.reward)
+    session_rewards = [r for r in sessions.values() if r is not None]
+    system = [s for s in batch.samples if s.failure == SYSTEM_FAILURE]
     rec = {
         "iteration": st.iteration,
         "policy": st.policy,
-        "num_samples": st.num_samples,
+        "num_samples": len(batch.samples),
+        "num_sessions": len(sessions),
+        "num_trained_samples": sum(1 for g in batch.train_groups() for s in g if s.response_ids),
+        "num_generated": st.num_samples,  # requests the rollout finished: every round's, a session once
         "wall_s": round(st.wall_s, 3),
         "output_tokens": st.output_tokens,
         "tokens_per_s": round(st.tokens_per_s, 2),
@@ -42,7 +55,11 @@ def iteration_record(batch: RolloutBatch, extra: dict | None = None) -> dict:
         "preemptions": st.preemptions,
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward_mean_sessions": statistics.fmean(session_rewards) if session_rewards else None,
+        "reward_std_sessions": statistics.pstdev(session_rewards) if len(session_rewards) > 1 else 0.0,
         "reward_errors": sum(1 for s in batch.samples if s.reward_error is not None),
+        "system_failed_samples": len(system),
+        "system_failed_sessions": len({s.session for s in system}),
         "len_p50": percentile(lengths, 50),
         "len_p99": percentile(lengths, 99),
         "len_max": max(lengths) if lengths else 0,

@@ -8,7 +8,15 @@ derived properties.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+# Whose failure a failed sample's is (Sample.failure; `reward_error` says what happened). "system":
+# Seer's own (an agent host that could not start, a fault of the gateway, an agent runner that
+# crashed): the sample is no sample of the policy, so it keeps reward None and is never trained
+# (RolloutBatch.train_groups). The others are the user's programs: the sample is the policy's, scored
+# as its reward says (0), and trained as before.
+FailureKind = Literal["system", "agent", "environment", "reward"]
+SYSTEM_FAILURE: FailureKind = "system"
 
 
 @dataclass(frozen=True)
@@ -122,10 +130,16 @@ class Sample:
     # The one extension the model, gateway and trainer work share (docs/extending.md).
     routing: Routing | None = None  # None: a dense model, or routing replay off
     branch: Branch | None = None  # None: one trajectory per sample (single-turn, Environment)
+    failure: FailureKind | None = None  # whose failure `reward_error` is (FailureKind); None: none, or not a failure
 
     @property
     def num_tokens(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def session(self) -> str:
+        """What counts once in a group: an agent session (all its leaves), else the sample itself."""
+        return self.branch.session if self.branch is not None else self.request_id
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,17 @@ class RolloutBatch:
         out: dict[int, list[Sample]] = {}
         for s in sorted(self.samples, key=lambda s: (s.group_id, s.sample_index)):
             out.setdefault(s.group_id, []).append(s)
+        return out
+
+    def train_groups(self) -> list[list[Sample]]:
+        """The groups the trainer learns from: a system failure's samples left out (they are not the
+        policy's, so neither their tokens nor their reward may move it, nor the group's baseline), and
+        a group that lost some and kept fewer than 2 sessions dropped (no baseline to compare with)."""
+        out = []
+        for group in self.groups().values():
+            kept = [s for s in group if s.failure != SYSTEM_FAILURE]
+            if len(kept) == len(group) or len({s.session for s in kept}) >= 2:
+                out.append(kept)
         return out
 
 @dataclass(frozen=True)

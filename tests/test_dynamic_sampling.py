@@ -199,3 +199,10 @@ def test_the_multi_turn_rollout_runs_dynamic_sampling_rounds_up_to_max_groups():
     assert x["dynamic_all_equal_groups"] == 5 and x["dynamic_short_groups"] == 2 and x["prompts_consumed"] == 5
     assert sorted({s.prompt.index for s in batch.samples}) == [0, 1]  # the fill: the first two, in dispatch order
     assert {s.weight_version for s in batch.samples} == {3} and len(batch.samples) == 4
+    from seer.metrics_log import iteration_record
+    from tests.test_metrics_fields import undocumented
+
+    rec = iteration_record(batch)
+    assert undocumented(rec) == []  # docs/watching.md names every field, the dynamic ones too
+    # the record's samples are the kept batch; num_generated every trajectory of every round
+    assert rec["num_samples"] == rec["num_sessions"] == rec["num_trained_samples"] == 4 and rec["num_generated"] == 10

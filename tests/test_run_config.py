@@ -51,3 +51,25 @@ def test_a_loader_and_a_chat_template_by_key():
                                  "task.chat_template={{ messages[0]['content'] }}"])
     assert (cfg.task.loader, cfg.task.loader_args, cfg.task.chat_template) == (
         "tests.plugins_for_tests:chats", {"n": 5}, "{{ messages[0]['content'] }}")
+
+
+AGENT = "task.agent=tests.gateway.agents_for_tests:calc_agent"
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling", "not supported with task.agent"),
+    ("trainer.reward_shaping=overlong", "trainer.reward_shaping", "tool results and user turns"),
+])
+def test_what_agent_tasks_do_not_implement_is_refused_at_load_naming_the_key(override, key, words):
+    """Both were accepted and then ignored (dynamic sampling) or measured the wrong tokens (shaping)."""
+    with pytest.raises(ConfigError, match=words) as e:
+        load_config(overrides=[AGENT, override])
+    assert repr(key) in str(e.value)
+    load_config(overrides=[override])  # without an agent both stay available
+    load_config(overrides=[AGENT])
+
+
+def test_overlong_shaping_never_penalises_past_dapos_full_penalty():
+    from seer.trainer.algorithms import overlong
+
+    assert overlong([1.0, 1.0], [100, 500], max_tokens=100, buffer_tokens=20) == pytest.approx([0.0, 0.0])

@@ -116,6 +116,14 @@ def test_a_log_file_gets_progress_lines_for_the_build_and_the_rollout(watched_ru
     assert "rollout 1: done in" in watched_run["logs"][1]
 
 
+def test_every_field_of_a_real_runs_metrics_jsonl_is_documented(watched_run):
+    from tests.test_metrics_fields import undocumented
+
+    for record in watched_run["records"]:
+        assert undocumented(record) == [], "not in docs/watching.md, Fields of metrics.jsonl"
+        assert record["num_samples"] == record["num_sessions"] == record["num_generated"] == 32
+
+
 def test_tensorboard_events_hold_every_number_of_metrics_jsonl_at_its_iteration(watched_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -169,6 +169,9 @@ class AgentOutcome:
     error: str | None
     wall_s: float
     log: str | None = None  # the session's stdout and stderr (process mode), kept when the runner has a log_dir
+    # The error is Seer's, not the agent's (its host could not start or went away, the session could not
+    # be handed to it): the session is no sample of the policy and is not trained (seer.types.FailureKind).
+    system: bool = False
 
 
 def in_loop_client(session: AgentSession) -> Any:
@@ -298,7 +301,7 @@ class AgentRunner:
         host = self._get_host()
         ready = await host.wait_ready()
         if ready is not None:
-            return AgentOutcome(0.0, ready, 0.0)
+            return AgentOutcome(0.0, ready, 0.0, system=True)
         name = _file_name(session.session_id)
         log = self.log_dir / f"{name}.log"
         reward_file = self.log_dir / f"{name}.reward"
@@ -311,7 +314,7 @@ class AgentRunner:
                 msg.update(kwargs=self._kwargs(session), http_client=self._takes_http_client)
             pending = host.start(session.session_id, msg)
         except Exception as e:  # a record that does not pickle or fit the environment, a host that died
-            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log))
+            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log), system=True)
         t0 = time.monotonic()
         try:
             done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
@@ -328,7 +331,8 @@ class AgentRunner:
             reward, error = self._command_result(code, reward_file, log)
         elif pending.result == _NO_RESULT:
             error = _exit_error(code) + self._quote(log)
-        return AgentOutcome(0.0 if error else reward, error, wall, str(log))
+        # code None: the host went away under the session (its exit was never reported): Seer's failure
+        return AgentOutcome(0.0 if error else reward, error, wall, str(log), system=code is None and error is not None)
 
     def _command_result(self, code: int | None, reward_file: Path, log: Path) -> tuple[float | None, str | None]:
         if code != 0:

@@ -34,6 +34,7 @@ class _Outcome:
 
     reward: float | None = None
     error: str | None = None  # what ended it early (the sample's reward_error)
+    env_failed: bool = False  # the environment's own error ended it (Sample.failure "environment")
     env_errors: int = 0  # environment calls that raised or timed out (shown as error observations, or the end)
     env_wait_s: float = 0.0
 
@@ -70,6 +71,7 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         o.env_errors += reply.error is not None
         if reply.done:
             env.discard(r.request_id)
+            o.env_failed = error is not None
             if reply.reward is None:
                 return end_with(o, 0.0, error or "the environment ended without a reward", "error" if error else "stop")
             return end_with(o, reply.reward, error, "error" if error else "stop")
@@ -88,6 +90,8 @@ async def multi_turn_rollout(ctx: RolloutContext, req: RolloutRequest) -> Rollou
         o = outcomes.get(sample.request_id, _Outcome())
         sample.response_text = decode(sample.response_ids)
         sample.reward, sample.reward_error = (0.0 if o.reward is None else o.reward), o.error
+        if o.env_failed:
+            sample.failure = "environment"
 
     driver = RolloutDriver(list(ctx.backends), ctx.scheduler)
 

@@ -16,13 +16,20 @@ recorded (`end`); either way it is counted, and it never ends the run. The const
 
 Observations are token ids: give `Observation.token_ids` to append exactly those, or `text` and
 Seer tokenizes it once with the model's tokenizer. Nothing is ever re-tokenized from text.
+
+What an environment returns is checked in the driver before anything uses it (a stranger's output
+ends nothing but its own trajectory): an observation must be None, a str or an `Observation` whose
+`token_ids` are ints within the tokenizer's vocabulary (`EnvRunner(vocab_size=...)`); a done step's
+reward a finite real number (seer.tasks.reward.as_reward: NumPy scalars too, bool and 10**400 not).
+A reply that breaks this is an error of that call, as a raise is; a done step with a bad reward ends
+its trajectory with reward 0 and the error, whatever env.on_error says, as there is no turn to continue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import math
+import numbers
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -30,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from seer.plugins import PluginError, check_arguments, is_path, resolve
+from seer.tasks.reward import as_reward
 from seer.tasks.workers import BOUNDS, Workers, run_cancelled
 
 BUILTIN_ENVS = {"calculator": "seer.tasks.calculator:CalculatorEnv"}
@@ -208,10 +216,14 @@ class EnvReply:
 
 
 class EnvRunner:
-    """Makes one environment per trajectory and runs its calls in `Workers` with the timeout."""
+    """Makes one environment per trajectory and runs its calls in `Workers` with the timeout.
+
+    `vocab_size`: the tokenizer's, which every `Observation.token_ids` id must be below (None: only
+    non-negative ids are checked)."""
 
     def __init__(self, spec: str, cfg: EnvConfig, args: dict | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, vocab_size: int | None = None) -> None:
+        self.vocab_size = vocab_size
         self.path = env_path(spec)
         self.cls = resolve_env(spec, args)
         self.args = dict(args or {})
@@ -267,24 +279,26 @@ class EnvRunner:
             return await self._error(key, error)
         self._envs[key] = env
         try:
-            return _reply(method, out)
-        except TypeError as e:
-            return await self._error(key, str(e))
+            return _reply(method, out, self.vocab_size)
+        except _BadReward as e:  # the environment said done: there is no turn to continue
+            return await self._error(key, str(e), end=True)
+        except Exception as e:  # whatever a stranger's object does when looked at (a raising __bool__)
+            return await self._error(key, _contract_error(e))
 
-    async def _error(self, key: str, error: str) -> EnvReply:
+    async def _error(self, key: str, error: str, *, end: bool = False) -> EnvReply:
         self.stats.errors += 1
         if len(self.stats.error_samples) < 5:
             self.stats.error_samples.append(error)
         env = self._envs.get(key)
-        if self.cfg.on_error == "end" or env is None:
+        if end or self.cfg.on_error == "end" or env is None:
             return EnvReply(None, True, 0.0, error)
         if callable(getattr(env, "error_observation", None)):  # user code: in a worker, bounded, guarded
             _, value, failed = await self._guarded("error_observation", self.cfg.timeout_s, _call, env,
                                                    "error_observation", (error,))
             if failed is None:
                 try:
-                    return EnvReply(_observation(value), False, None, error)
-                except TypeError:
+                    return EnvReply(_observation(value, self.vocab_size), False, None, error)
+                except Exception:
                     pass
         # It raised, hung or returned junk too: the default observation.
         return EnvReply(_observation(Environment.error_observation(env, error)), False, None, error)
@@ -293,21 +307,55 @@ class EnvRunner:
         self._workers.close()
 
 
-def _observation(value: Any) -> Observation | None:
-    if value is None or isinstance(value, Observation):
-        return value
+class _BadReward(TypeError):
+    """A done step whose reward is not a finite real number."""
+
+
+def _contract_error(e: Exception) -> str:
+    return str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__} reading the reply: {e}"
+
+
+def _observation(value: Any, vocab_size: int | None = None) -> Observation | None:
+    """An environment's observation checked against the contract: token ids become a tuple of ints."""
+    if value is None:
+        return None
     if isinstance(value, str):
         return Observation(text=value)
-    raise TypeError(f"an observation must be an Observation, a str or None, got {type(value).__name__}")
+    if not isinstance(value, Observation):
+        raise TypeError(f"an observation must be an Observation, a str or None, got {type(value).__name__}")
+    if value.token_ids is None:
+        if not isinstance(value.text, str):
+            raise TypeError(f"Observation.text must be a str, got {type(value.text).__name__}")
+        return Observation(text=value.text)
+    ids = value.token_ids
+    if isinstance(ids, (str, bytes, bytearray)) or not (hasattr(ids, "__len__") and hasattr(ids, "__iter__")):
+        raise TypeError(f"Observation.token_ids must be a sequence of int token ids, got {type(ids).__name__}")
+    out = []
+    for n, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"Observation.token_ids[{n}] is {type(t).__name__} {str(t)[:40]}; expected an int token id")
+        t = int(t)
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            top = "" if vocab_size is None else f" (the tokenizer's ids are 0..{vocab_size - 1})"
+            raise ValueError(f"Observation.token_ids[{n}] is {t}, not a token id{top}")
+        out.append(t)
+    return Observation(text=value.text if isinstance(value.text, str) else "", token_ids=tuple(out))
 
 
-def _reply(method: str, out: Any) -> EnvReply:
+def _reply(method: str, out: Any, vocab_size: int | None = None) -> EnvReply:
     if method == "reset":
-        return EnvReply(_observation(out), False)
+        return EnvReply(_observation(out, vocab_size), False)
     if not isinstance(out, StepResult):
         raise TypeError(f"step returned {type(out).__name__}; expected a StepResult")
-    reward = out.reward
-    if out.done and reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
-                                            or not math.isfinite(reward)):
-        raise TypeError(f"step returned reward {reward!r}; expected a finite float")
-    return EnvReply(_observation(out.observation), bool(out.done), None if reward is None else float(reward))
+    done = out.done
+    if not (isinstance(done, numbers.Integral) or type(done).__name__ in ("bool", "bool_")):  # NumPy's too
+        raise TypeError(f"StepResult.done is {type(done).__name__}; expected a bool")
+    if done:
+        reward = None
+        if out.reward is not None:
+            try:
+                reward = as_reward(out.reward, "step (done)")
+            except TypeError as e:
+                raise _BadReward(f"StepResult.reward: {e}") from None
+        return EnvReply(None, True, reward)
+    return EnvReply(_observation(out.observation, vocab_size), False, None)

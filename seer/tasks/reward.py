@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,10 +35,12 @@ class RewardSpecError(PluginError):
 
 
 class RewardAborted(RuntimeError):
-    """A reward function raised and the policy is to abort the iteration."""
+    """A sample could not be scored (its reward function raised, or the system failed it: Sample.failure)
+    and the policy (rollout.reward_error_policy: abort) is to abort the iteration."""
 
-    def __init__(self, sample: Sample):
-        super().__init__(f"reward failed for request {sample.request_id} (prompt {sample.prompt.index}): {sample.reward_error}")
+    def __init__(self, sample: Sample, what: str = "reward failed"):
+        super().__init__(f"{what} for request {sample.request_id} (prompt {sample.prompt.index}): {sample.reward_error}"
+                         " (rollout.reward_error_policy: abort)")
         self.sample = sample
 
 
@@ -46,12 +49,40 @@ def resolve_reward_fn(spec: str) -> RewardFn:
     return resolve(spec, key="task.reward", error=RewardSpecError)
 
 
+def as_reward(value: object, what: str = "reward function") -> float:
+    """A user program's reward as a float, or TypeError naming `what` and the value.
+
+    Any real number is a reward: Python's int and float, NumPy's scalars (np.float32, np.int64),
+    Fraction, Decimal, a one-element tensor (anything not complex that float() takes, strings aside).
+    Refused: bool (True from a predicate is not a score; return 1.0), NaN and infinities, and a
+    number too large for a float (10**400), which would otherwise raise OverflowError in the driver."""
+    is_bool = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
+    real = isinstance(value, numbers.Real) or (not isinstance(value, (numbers.Complex, str, bytes, bytearray))
+                                              and hasattr(type(value), "__float__"))
+    if is_bool or not real:
+        raise TypeError(f"{what} returned {_shown(value)} ({type(value).__name__}); expected a finite real number "
+                        "(bool is refused: return 1.0 or 0.0)")
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"{what} returned {_shown(value)}, which is not a float: {e}") from None
+    if not math.isfinite(out):
+        raise TypeError(f"{what} returned {_shown(value)}; expected a finite real number")
+    return out
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """A value in an error text, bounded (10**400 has 401 digits)."""
+    try:
+        text = repr(value)
+    except Exception:  # a stranger's __repr__ may raise too
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def call_reward(fn: RewardFn, response_text: str, reference: dict) -> float:
-    """Call and validate: a reward must be a finite number."""
-    value = fn(response_text, reference)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"reward function returned {value!r}; expected a finite float")
-    return float(value)
+    """Call and validate: a reward must be a finite real number (as_reward)."""
+    return as_reward(fn(response_text, reference))
 
 
 _worker_fns: dict[str, RewardFn] = {}
@@ -157,7 +188,7 @@ class RewardRunner:
         return sample
 
     def _fail(self, sample: Sample, error: str) -> None:
-        sample.reward, sample.reward_error = 0.0, error
+        sample.reward, sample.reward_error, sample.failure = 0.0, error, "reward"
         self.stats.errors += 1
 
     def submit(self, sample: Sample) -> asyncio.Task[Sample]:

@@ -251,12 +251,15 @@ ROLLOUT_CORRECTIONS: dict[str, Callable | None] = {
 
 def overlong(rewards: Sequence[float], lengths: Sequence[int], *, max_tokens: int, buffer_tokens: int | None = None,
              penalty: float = 1.0) -> list[float]:
-    """DAPO overlong shaping: r + min(0, -(L - (L_max - B)) / B * penalty); B = buffer_tokens (default L_max / 5, DAPO's 4096 of 20480)."""
+    """DAPO overlong shaping: r + max(-penalty, min(0, -(L - (L_max - B)) / B * penalty)); B = buffer_tokens (default L_max / 5, DAPO's 4096 of 20480).
+
+    A length past L_max gets DAPO's full -penalty, never more (config load refuses shaping for agent
+    tasks, whose samples' lengths are not bounded by L_max)."""
     buf = max(1, max_tokens // 5) if buffer_tokens is None else buffer_tokens
     if not 0 < buf <= max_tokens:
         raise ValueError(f"overlong shaping's buffer_tokens must be in (0, {max_tokens}], got {buf}")
     expected = max_tokens - buf
-    return [r + min(0.0, -(n - expected) / buf * penalty) for r, n in zip(rewards, lengths, strict=True)]
+    return [r + max(-penalty, min(0.0, -(n - expected) / buf * penalty)) for r, n in zip(rewards, lengths, strict=True)]
 
 
 REWARD_SHAPINGS: dict[str, Callable | None] = {"none": None, "overlong": overlong}

@@ -309,7 +309,7 @@ class Trainer:
 
     def sequences_from_batch(self, batch: RolloutBatch) -> list[TrainSequence]:
         """Samples -> TrainSequences with the configured advantages (missing rewards count as 0)."""
-        groups = list(batch.groups().values())
+        groups = batch.train_groups()  # a system failure's samples are no samples of the policy
         samples = [s for group in groups for s in group]
         adv = [a for group in self.algorithms.advantages(groups) for a in group]  # trainer.advantage_estimator
         return [

@@ -2,9 +2,7 @@
 the gateway tests' scripted engine: each gives the `Environment` path's tokens, masks, log-probs and
 rewards exactly, contained in its own processes (agent.mode: process; the command agent a program).
 
-Until issue 30's gateway branch is merged this module has no gateway to run against and is skipped
-whole; with it, it runs (checked on a scratch merge of both branches: 3 passed, 19.5 s of calls on a
-loaded machine).
+Seer's gateway is imported as any module is: a broken import fails these tests, it never skips them.
 """
 
 from __future__ import annotations
@@ -14,18 +12,16 @@ import sys
 
 import pytest
 
-pytest.importorskip("seer.rollout.gateway", reason="the gateway branch (issue 30) is not merged yet")
-
-from seer.model.chat import EmbeddedChat  # noqa: E402
-from seer.rollout.agents import AgentRunner, AgentSpec  # noqa: E402
-from seer.rollout.base import RolloutContext, RolloutRequest  # noqa: E402
-from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer, gateway_rollout  # noqa: E402
-from seer.rollout.multi_turn import multi_turn_rollout  # noqa: E402
-from seer.tasks.env import EnvConfig, EnvRunner  # noqa: E402
-from seer.tasks.reward import RewardRunner  # noqa: E402
-from seer.types import SamplingParams  # noqa: E402
-from tests.gateway import agents_for_tests as gateway_agents  # noqa: E402
-from tests.gateway.test_gateway import TOK, CalcEngine, calc_prompts, encode, scheduler  # noqa: E402
+from seer.model.chat import EmbeddedChat
+from seer.rollout.agents import AgentRunner, AgentSpec
+from seer.rollout.base import RolloutContext, RolloutRequest
+from seer.rollout.gateway import Gateway, GatewayLimits, GatewayServer, gateway_rollout
+from seer.rollout.multi_turn import multi_turn_rollout
+from seer.tasks.env import EnvConfig, EnvRunner
+from seer.tasks.reward import RewardRunner
+from seer.types import SamplingParams
+from tests.gateway import agents_for_tests as gateway_agents
+from tests.gateway.test_gateway import TOK, CalcEngine, calc_prompts, encode, scheduler
 
 TARGETS = {"openai": ("seer.tasks.agents.calculator_openai:agent", {"latency_median_s": 0.0}),
            "sdk": ("seer.tasks.agents.calculator_sdk:agent", {"latency_median_s": 0.0}),

@@ -464,3 +464,13 @@ async def template_agent(base_url: str, api_key: str, session_id: str, record: d
         return 1.0
     finally:
         await client.close()
+
+
+async def failing_after_one_call_agent(base_url: str, api_key: str, session_id: str, record: dict,
+                                       http_client=None) -> float | None:
+    """The calculator agent, except that session g0-s2 raises after its first call: the agent's own
+    failure (its sample scores 0 and is trained), never the system's."""
+    if session_id.endswith("g0-s2"):
+        await calc_agent(base_url, api_key, session_id, record, max_calls=1, http_client=http_client)
+        raise RuntimeError("the agent's own bug")
+    return await calc_agent(base_url, api_key, session_id, record, http_client=http_client)

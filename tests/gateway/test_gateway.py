@@ -277,6 +277,14 @@ def test_a_session_that_rewrites_its_history_is_trained_as_its_branches_without_
         assert final.response_ids[:shared] == leaf.response_ids[:shared]  # the branch point: after call 0's result
         assert final.loss_mask[shared:-len(encode("<calc>0000-0</calc>"))].count(1) == 0  # the edited history
         assert final.loss_mask[-1] == 1 and leaf.loss_mask[-1] == 1
+        assert leaf.finish_reason == "branch" and final.finish_reason == "stop"  # a leaf's own, not the final's
+    from seer.metrics_log import iteration_record
+    from tests.test_metrics_fields import undocumented
+
+    rec = iteration_record(batch)  # per session and per sample, each named (docs/watching.md)
+    assert (rec["num_samples"], rec["num_sessions"], rec["num_trained_samples"], rec["gateway_sessions"]) == (4, 2, 4, 2)
+    assert rec["reward_mean_sessions"] == rec["reward_mean"] == 0.5 and undocumented(rec) == []
+    assert rec["gateway_totals"] == gw.counters and "gateway_counters" not in rec
     # every leaf takes its session's advantage; the group's baseline is over its sessions, one each
     from seer.trainer.algorithms import Algorithms
     from seer.trainer.config import TrainerConfig

@@ -122,3 +122,31 @@ class UnrulyEnv(EchoEnv):
 
 class NoStepEnv(Environment):
     """Forgets to implement step: Environment.step is abstract, so task.env refuses it at load."""
+
+
+class ContractEnv(Environment):
+    """Breaks the environment contract in its first step as `reference["how"]` says (or keeps it,
+    with NumPy's types); every trajectory is done with reward 1 in its second step."""
+
+    stop = ("</c>",)
+
+    async def step(self, turn: Turn) -> StepResult:
+        import numpy as np
+
+        how = self.reference.get("how")
+        if turn.index > 1:
+            return StepResult(done=True, reward=1.0)
+        replies = {
+            "huge_reward": lambda: StepResult(done=True, reward=10**400),
+            "nan_reward": lambda: StepResult(done=True, reward=float("nan")),
+            "bool_reward": lambda: StepResult(done=True, reward=True),
+            "int_ids": lambda: StepResult(observation=Observation(token_ids=5)),
+            "str_ids": lambda: StepResult(observation=Observation(token_ids="abc")),
+            "big_id": lambda: StepResult(observation=Observation(token_ids=(61, 10**6))),
+            "negative_id": lambda: StepResult(observation=Observation(token_ids=(-1,))),
+            "text_not_str": lambda: StepResult(observation=Observation(text=7)),
+            "np_f32_reward": lambda: StepResult(done=True, reward=np.float32(0.5)),
+            "np_i64_reward": lambda: StepResult(done=True, reward=np.int64(2)),
+            "np_ids": lambda: StepResult(observation=Observation(token_ids=np.array([61, 61], dtype=np.int64))),
+        }
+        return replies[how]() if how in replies else StepResult(observation="ok")

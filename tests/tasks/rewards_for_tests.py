@@ -55,3 +55,16 @@ def dies_or_exits(response_text: str, reference: dict) -> float:
     if response_text == "interrupt":
         raise KeyboardInterrupt
     return exact(response_text, reference)
+
+
+def typed(response_text: str, reference: dict):
+    """The reward named by the response: real numbers of every kind, and values no reward may be."""
+    import decimal
+    import fractions
+
+    import numpy as np
+
+    return {"np_float32": np.float32(0.5), "np_int64": np.int64(2), "np_float16": np.float16(0.25),
+            "fraction": fractions.Fraction(1, 4), "decimal": decimal.Decimal("0.75"), "int": 3, "float": 1.5,
+            "bool": True, "np_bool": np.bool_(True), "nan": float("nan"), "np_inf": np.float64("inf"),
+            "huge": 10**400, "complex": 1j, "str": "1", "none": None}[response_text]

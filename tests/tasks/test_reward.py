@@ -62,7 +62,34 @@ def test_non_numeric_reward_is_an_error():
             return await runner.score(_sample("4"))
 
     s = asyncio.run(go())
-    assert s.reward == 0.0 and "expected a finite float" in s.reward_error
+    assert s.reward == 0.0 and "expected a finite real number" in s.reward_error
+
+
+ACCEPTED = {"np_float32": 0.5, "np_int64": 2.0, "np_float16": 0.25, "fraction": 0.25, "decimal": 0.75, "int": 3.0,
+            "float": 1.5}
+REFUSED = ["bool", "np_bool", "nan", "np_inf", "huge", "complex", "str", "none"]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_reward_of_any_real_number_type_scores_and_bool_nan_inf_and_overflow_are_errors(mode):
+    """np.float32 and np.int64 rewards were scored as errors; 10**400 raised OverflowError."""
+    texts = [*ACCEPTED, *REFUSED]
+
+    async def go():
+        with RewardRunner(f"{MOD}:typed", use_processes=mode == "process") as runner:
+            for i, text in enumerate(texts):
+                runner.submit(_sample(text, i=i))
+            return await runner.wait_all()
+
+    scored = {s.response_text: s for s in asyncio.run(go())}
+    for text, value in ACCEPTED.items():
+        s = scored[text]
+        assert s.reward == value and type(s.reward) is float and s.reward_error is None, (text, s.reward_error)
+    for text in REFUSED:
+        s = scored[text]
+        assert s.reward == 0.0 and s.failure == "reward", text
+        assert "expected a finite real number" in s.reward_error or "not a float" in s.reward_error, (text, s.reward_error)
+        assert len(s.reward_error) < 300, text  # 10**400 is not quoted whole
 
 
 def test_abort_policy_raises_with_the_sample():

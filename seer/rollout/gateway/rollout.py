@@ -10,7 +10,14 @@ Samples: each leaf of a session's call tree is one sample (docs/agents-gateway.m
 final path, and every path a branch left behind up to its last delivered reply. Its prompt is the
 path's tokens before the model's first token; its loss mask is 1 on the model's tokens only; its
 log-probs are the rollout's. Every leaf of a session carries the session's reward (the agent's, or
-the task's reward function on the final leaf's text) and `Sample.branch`.
+the task's reward function on the final leaf's text) and `Sample.branch`; a leaf a branch left
+behind has finish_reason "branch" (its session went on from an earlier point).
+
+Whose failure a failed session is (`Sample.failure`, on every leaf): the agent's own (it raised, ran
+past agent.timeout_s, exited or was killed, made no call): its sample, scored 0 as its reward; or
+the system's (a fault of the gateway, an agent host that could not start or went away, the runner
+itself failing): reward None, never trained (RolloutBatch.train_groups), counted in the record, and
+under rollout.reward_error_policy: abort the iteration stops as it does for a failing reward.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from seer.rollout.gateway.paths import Leaf
 from seer.rollout.stats import stats_from_result
 from seer.scheduler import RolloutDriver
 from seer.scheduler.buffer import Request
-from seer.types import Branch, PromptSpec, RolloutBatch, Sample
+from seer.tasks.reward import RewardAborted
+from seer.types import SYSTEM_FAILURE, Branch, PromptSpec, RolloutBatch, Sample
 
 
 @dataclass
@@ -47,7 +55,8 @@ def leaf_sample(base: Sample, leaf: Leaf, n: int) -> Sample:
     cut = split_prompt(list(leaf.ids), list(leaf.mask))
     return replace(base, request_id=f"{base.request_id}-b{n}", prompt=replace(base.prompt, prompt_ids=list(leaf.ids[:cut])),
                    response_ids=list(leaf.ids[cut:]), loss_mask=list(leaf.mask[cut:]), logprobs=list(leaf.logprobs),
-                   turns=len(leaf.calls), branch=Branch(base.branch.session, leaf.calls), response_text="")
+                   turns=len(leaf.calls), branch=Branch(base.branch.session, leaf.calls), response_text="",
+                   finish_reason="branch")
 
 
 async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBatch:
@@ -77,7 +86,7 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
             run.outcome = await ctx.agents.run(AgentSession(s.id, gw.base_url, s.key, record, gw.model_name,
                                                               gw.in_process))
         except BaseException as e:  # the runner never raises for an agent's faults; this is ours
-            run.outcome = AgentOutcome(0.0, f"agent runner failed: {e!r}", 0.0)
+            run.outcome = AgentOutcome(None, f"agent runner failed: {e!r}", 0.0, system=True)
             if isinstance(e, asyncio.CancelledError):
                 raise
         finally:
@@ -122,17 +131,19 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
     samples: list[Sample] = []
     for rid, run in runs.items():
         final = finals[rid]
-        o = run.outcome or AgentOutcome(0.0, "the agent never ran", 0.0)
-        if run.session.errors:
-            final.reward, final.reward_error = 0.0, "; ".join(run.session.errors)
+        o = run.outcome or AgentOutcome(None, "the agent never ran", 0.0, system=True)
+        if run.session.errors:  # the gateway's own faults (an internal error answered 500)
+            final.reward, final.reward_error, final.failure = None, "; ".join(run.session.errors), SYSTEM_FAILURE
+        elif o.error is not None and o.system:
+            final.reward, final.reward_error, final.failure = None, o.error, SYSTEM_FAILURE
         elif o.error is not None:
-            final.reward, final.reward_error = 0.0, o.error
+            final.reward, final.reward_error, final.failure = 0.0, o.error, "agent"
         elif o.reward is not None:
             final.reward = o.reward
         elif final.response_ids:
             ctx.rewards.submit(final)
         else:
-            final.reward, final.reward_error = 0.0, "the agent made no call"
+            final.reward, final.reward_error, final.failure = 0.0, "the agent made no call", "agent"
         leaves = [leaf_sample(final, leaf, n) for n, leaf in enumerate(run.session.leaves)]
         for leaf in leaves:
             leaf.response_text = ctx.decode(leaf.response_ids) if ctx.decode else ""
@@ -142,7 +153,10 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
     for s in samples:  # every leaf of a session carries its session's reward
         if s.request_id not in finals:
             final = by_session[s.request_id.rsplit("-b", 1)[0]]
-            s.reward, s.reward_error = final.reward, final.reward_error
+            s.reward, s.reward_error, s.failure = final.reward, final.reward_error, final.failure
+    failed = next((s for s in samples if s.failure == SYSTEM_FAILURE and s.request_id in finals), None)
+    if failed is not None and ctx.rewards.on_error == "abort":
+        raise RewardAborted(failed, "the system failed the session")
     names = [b.name for b in ctx.backends]
     stats = stats_from_result(result, req.iteration, names, finish_times=[s.finish_time for s in result.samples])
     stats.extra.update(gateway_summary(runs, samples, gw))
@@ -152,14 +166,19 @@ async def gateway_rollout(ctx: RolloutContext, req: RolloutRequest) -> RolloutBa
 
 
 def gateway_summary(runs: dict[str, _Run], samples: list[Sample], gw: Gateway) -> dict:
-    """The iteration's gateway numbers: calls, branches, leaves, agent errors."""
+    """The iteration's gateway numbers (calls, branches, leaves, the agents' own errors and the
+    system's) and the gateway's counters since the run began (`gateway_totals`)."""
     sessions = [r.session for r in runs.values()]
+    finals = {s.request_id: s for s in samples if s.branch is not None and s.request_id in runs}
+    own = [finals[rid].reward_error for rid in runs if rid in finals and finals[rid].failure == "agent"]
+    system = [finals[rid].reward_error for rid in runs if rid in finals and finals[rid].failure == SYSTEM_FAILURE]
     return {
         "gateway_calls": sum(s.calls for s in sessions),
         "gateway_branches": sum(s.path.branches for s in sessions),
         "gateway_samples": len(samples),
         "gateway_sessions": len(sessions),
-        "agent_errors": sum(1 for r in runs.values() if r.outcome is None or r.outcome.error is not None),
-        "agent_error_messages": [r.outcome.error for r in runs.values() if r.outcome and r.outcome.error][:5],
-        "gateway_counters": dict(gw.counters),
+        "agent_errors": len(own),  # sessions the agent itself failed (scored 0, trained)
+        "agent_error_messages": [e[:300] for e in own[:5]],
+        "system_error_messages": [e[:300] for e in system[:5]],
+        "gateway_totals": dict(gw.counters),  # run totals, not this iteration's
     }
