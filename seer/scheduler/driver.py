@@ -227,7 +227,11 @@ class RolloutDriver:
                     self._drop_hung(disp, pending)
                     poll_stop()
                     continue
+                # Once `stop_when` said stop, the rollout ends at that sample: what else finished in
+                # the same wake-up stays in flight (aborted below, returned as unfinished).
                 for task in sorted((t for t in done if t in env_tasks), key=lambda t: env_tasks[t].request.seq):
+                    if stopped:
+                        break
                     turn_end, now = env_tasks.pop(task), self.clock()
                     r = turn_end.request
                     env_waits.append(EnvWait(r.request_id, r.group_id, r.sample_index, turn_end.turn, r.last_instance,
@@ -236,6 +240,8 @@ class RolloutDriver:
                 done = {t for t in done if t in pending}
                 # Completion order within one wakeup is arbitrary; fix it so decisions are reproducible.
                 for task in sorted(done, key=lambda t: pending[t].request.seq):
+                    if stopped:
+                        break
                     ticket = pending.pop(task)
                     now = self.clock()
                     if task.cancelled() or task.exception() is not None:
