@@ -82,6 +82,9 @@ class AgentConfig:
     # More of seer-run's environment variables an agent may see (its tools' keys), by name. Otherwise
     # an agent sees only the basics (PATH, HOME, locale, Python's) and its session's variables.
     inherit_env: tuple[str, ...] = ()
+    # A command agent that serves many sessions from one process (it pays its start once): started
+    # once per run, it reads session frames on its stdin and answers each on its stdout (docs/agents.md).
+    serve: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -105,6 +108,7 @@ class AgentSpec:
     args: tuple[tuple[str, Any], ...] = ()  # task.agent_args (function agents' extra keywords)
     mode: str = AgentConfig.mode  # agent.mode
     inherit_env: tuple[str, ...] = ()  # agent.inherit_env
+    serve: bool = False  # agent.serve (command agents only)
 
     @classmethod
     def parse(cls, value: str, timeout_s: float | None, *, args: dict | None = None,
@@ -116,6 +120,9 @@ class AgentSpec:
         cfg = cfg or AgentConfig(timeout_s=timeout_s)
         extra = tuple(sorted((args or {}).items()))
         if _FUNCTION_PATH.fullmatch(value.strip()):
+            if cfg.serve:
+                raise AgentSpecError("agent.serve: only a command-line agent serves sessions (a function agent's "
+                                     "sessions are forks of one host that imported it already)")
             resolve_agent(value.strip(), args)
             return cls(value.strip(), "function", timeout_s, extra, cfg.mode, tuple(cfg.inherit_env))
         if args:
@@ -128,7 +135,7 @@ class AgentSpec:
         if shutil.which(argv[0]) is None:
             raise AgentSpecError(f"task.agent {value!r}: {argv[0]!r} is not an executable on PATH (nor a "
                                  "'package.module:function' path)")
-        return cls(value, "command", timeout_s, (), cfg.mode, tuple(cfg.inherit_env))
+        return cls(value, "command", timeout_s, (), cfg.mode, tuple(cfg.inherit_env), bool(cfg.serve))
 
     @property
     def argv(self) -> list[str]:
@@ -234,6 +241,7 @@ class AgentRunner:
         self._host: _Host | None = None
         self._retired: list[_Host] = []  # hosts that fork no more, stopped once their sessions end
         self._cold: str | None = None  # why hosts no longer import the agent (None: they do)
+        self._server: _Server | None = None  # agent.serve: the one process serving sessions
         self._host_lock = threading.Lock()
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self.running = 0  # sessions running now
@@ -256,6 +264,8 @@ class AgentRunner:
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
             try:
+                if self.spec.serve:
+                    return await self._run_served(session)
                 if self.in_process:
                     return await self._run_in_process(session)
                 return await self._run_in_loop(session)
@@ -362,6 +372,40 @@ class AgentRunner:
         return AgentOutcome(0.0, f"the session could not start: {HOST_TRIES} agent hosts refused it", 0.0,
                             str(log_path))
 
+    # ---- in one long-lived process of the agent's (agent.serve) ------------------------------------
+
+    def _get_server(self) -> "_Server":
+        with self._host_lock:
+            if self._server is None or not self._server.alive:
+                self._server = _Server(self.spec, self.log_dir / "agent-server.log")
+            return self._server
+
+    async def _run_served(self, session: AgentSession) -> AgentOutcome:
+        msg = {"op": "start", "id": session.session_id, "base_url": session.base_url, "api_key": session.api_key,
+               "model": session.model, "record": session.record}
+        try:
+            if json_size(session.session_id) > MAX_ID_BYTES:
+                raise ValueError(f"its id is over {MAX_ID_BYTES} bytes as JSON")
+            data = frame(msg, MAX_DRIVER_FRAME_BYTES, allow_nan=True)
+            server = self._get_server()
+            pending = server.start(session.session_id, data)
+        except Exception as e:  # a record that is not plain JSON data, a server that could not start
+            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0)
+        t0 = time.monotonic()
+        try:
+            done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
+        except BaseException:
+            server.cancel(session.session_id)
+            raise
+        wall = time.monotonic() - t0
+        if not done:
+            server.cancel(session.session_id)
+            return AgentOutcome(0.0, self._timeout_error(), wall)
+        reward, error = pending.result
+        if pending.exited.result() is None:
+            error = f"{pending.host_error or 'the agent server exited'}; the session was ended" + self._quote(server.log)
+        return AgentOutcome(0.0 if error else reward, error, wall)
+
     def _command_result(self, code: int | None, reward_file: Path, log: Path) -> tuple[float | None, str | None]:
         if code != 0:
             return None, _exit_error(code) + self._quote(log)
@@ -392,8 +436,8 @@ class AgentRunner:
         """Stop the host and every session still running (their process groups killed)."""
         self.closed = True
         with self._host_lock:
-            hosts = [h for h in (self._host, *self._retired) if h is not None]
-            self._host, self._retired = None, []
+            hosts = [h for h in (self._host, *self._retired, self._server) if h is not None]
+            self._host, self._retired, self._server = None, [], None
         for host in hosts:
             await asyncio.get_running_loop().run_in_executor(None, host.stop)
         if self._own_dir:
@@ -634,6 +678,117 @@ class _Host:
         self._reader.join(timeout=10)
         if not self._reader.is_alive():
             self.sock.close()
+class _Server:
+    """The driver's side of a served command agent (agent.serve): its process, started once with the
+    agent's environment, reads {op: start, id, base_url, api_key, model, record} and {op: cancel, id}
+    on its stdin and writes one {id, reward, error} per session on its stdout (frames as the agent
+    host's: a length and a JSON object, at most MAX_HOST_FRAME_BYTES from it). A frame that is not
+    that, or its end, ends the process (its group killed): its sessions fail at once, and the next
+    session starts another."""
+
+    SHAPE: dict[str, tuple[type, ...]] = {"id": (str,), "reward": (int, float, type(None)), "error": (str, type(None))}
+
+    def __init__(self, spec: AgentSpec, log: Path) -> None:
+        env = agent_inherited(spec.inherit_env)
+        env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+        env["SEER_SERVE"] = "1"
+        self.log = log
+        self.sock, theirs = socket.socketpair()
+        try:
+            with open(log, "ab") as err:
+                self.proc = subprocess.Popen(spec.argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err,
+                                             env=env, start_new_session=True)
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
+        self.pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self.alive = True
+        self._stopping = False
+        self._reader = threading.Thread(target=self._read, name="seer-agent-server", daemon=True)
+        self._reader.start()
+
+    def start(self, sid: str, data: bytes) -> _Pending:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if sid in self.pending:
+                raise ValueError(f"session {sid!r} is already running")
+            p = self.pending[sid] = _Pending(loop, loop.create_future())
+        try:
+            self._send_bytes(data)
+        except BaseException:
+            with self._lock:
+                self.pending.pop(sid, None)
+            raise
+        return p
+
+    def cancel(self, sid: str) -> None:
+        with self._lock:
+            self.pending.pop(sid, None)
+        try:
+            self._send_bytes(frame({"op": "cancel", "id": sid}, MAX_DRIVER_FRAME_BYTES))
+        except OSError:
+            pass
+
+    def _send_bytes(self, data: bytes) -> None:
+        with self._write_lock:
+            if not self.alive:
+                raise OSError("the agent server has exited")
+            self.sock.sendall(data)
+
+    def _read(self) -> None:
+        reader = FrameReader(MAX_HOST_FRAME_BYTES)
+        reason = None
+        try:
+            while True:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    break
+                for msg in reader.feed(data):
+                    check_shape(msg, self.SHAPE)
+                    with self._lock:
+                        p = self.pending.pop(msg["id"], None)
+                    if p is not None:
+                        p.result = (msg["reward"], msg["error"])
+                        _settle(p, 0)
+        except FrameError as e:
+            reason = f"the agent server sent a malformed frame ({e})"
+        except BaseException as e:  # noqa: BLE001 - whatever it was, the process is no longer usable
+            reason = f"reading the agent server failed: {error_line(e)}"
+        self.alive = False
+        if reason is not None:
+            log.warning("%s; it is ended, its sessions fail, and later sessions start another", reason)
+        _kill_group(self.proc.pid)
+        code = self.proc.wait()
+        if reason is None:
+            reason = "the agent server was stopped" if self._stopping else f"the agent server exited with status {code}"
+        with self._lock:
+            orphans, self.pending = list(self.pending.values()), {}
+        for p in orphans:
+            p.host_error = reason
+            _settle(p, None)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End of input tells the process to finish; its group is killed after `timeout_s`."""
+        self._stopping = True
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(self.proc.pid)
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        if not self._reader.is_alive():
+            self.sock.close()
+
+
 def _settle(p: _Pending, code: int | None) -> None:
     def set_() -> None:
         if not p.exited.done():

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -248,3 +249,43 @@ def test_check_reward_takes_any_real_number_and_names_what_it_refuses():
                          (object(), "expected a finite")]:
         with pytest.raises((TypeError, ValueError), match=words):
             check_reward(value)
+
+
+def test_a_served_command_agent_starts_once_and_its_failure_fails_its_sessions_at_once_not_later_ones(tmp_path):
+    """agent.serve: one process serves every session (the same pid); a session's exception is its own
+    error; the process dying, or writing a frame that is not one, fails the sessions it held at once
+    and the next session gets a new process."""
+    timeout_s = 60.0
+    cfg = AgentConfig(timeout_s=timeout_s, serve=True)
+    spec = AgentSpec.parse(f"{sys.executable} {Path(__file__).parent / 'command_for_tests.py'} --serve", timeout_s,
+                           cfg=cfg)
+    assert spec.serve and spec.kind == "command"
+    runner = AgentRunner(spec, 8, log_dir=tmp_path / "logs")
+
+    async def go():
+        first = await asyncio.gather(*(runner.run(session(f"p{i}", do="pid")) for i in range(4)),
+                                     runner.run(session("ok", do="ok", reward=0.5)),
+                                     runner.run(session("crash", do="crash")))
+        outs = {}
+        for fault in ("die", "garbage"):
+            held = asyncio.ensure_future(runner.run(session(f"held-{fault}", do="hang")))
+            await asyncio.sleep(0.3)
+            t0 = time.monotonic()
+            outs[fault] = await runner.run(session(fault, do=fault))
+            outs[f"held-{fault}"] = await held
+            outs[f"{fault}_s"] = time.monotonic() - t0
+            outs[f"after-{fault}"] = await runner.run(session(f"after-{fault}", do="pid"))
+        await runner.close()
+        return first, outs
+
+    first, outs = asyncio.run(go())
+    pids = {o.reward for o in first[:4]}
+    assert len(pids) == 1 and all(o.error is None for o in first[:4]), first
+    assert (first[4].reward, first[4].error) == (0.5, None)
+    assert first[5].reward == 0.0 and first[5].error == "RuntimeError: the served agent broke"
+    assert "exited with status 3" in outs["die"].error and "exited with status 3" in outs["held-die"].error
+    assert "malformed frame" in outs["garbage"].error and "malformed frame" in outs["held-garbage"].error
+    assert outs["die_s"] < timeout_s / 3 and outs["garbage_s"] < timeout_s / 3
+    served_by = [pids.pop(), outs["after-die"].reward, outs["after-garbage"].reward]
+    assert len(set(served_by)) == 3 and all(outs[f"after-{f}"].error is None for f in ("die", "garbage"))
+    assert not wait_gone([int(p) for p in served_by])

@@ -217,13 +217,15 @@ def transcript(st: StandIn, sid: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("kind", ["openai", "sdk", "command"])
+@pytest.mark.parametrize("kind", ["openai", "sdk", "command", "command_serve"])
 def test_the_calculator_agents_play_the_task_through_an_openai_api_and_score_like_the_environment(kind, standin):
     st, server = standin
+    command = f"{sys.executable} -m seer.tasks.agents.calculator_command --latency-median-s 0"
     target = {"openai": "seer.tasks.agents.calculator_openai:agent", "sdk": "seer.tasks.agents.calculator_sdk:agent",
-              "command": f"{sys.executable} -m seer.tasks.agents.calculator_command --latency-median-s 0"}[kind]
-    args = None if kind == "command" else {"latency_median_s": 0.0}
-    runner = AgentRunner(AgentSpec.parse(target, 120, args=args), max_concurrent=2)
+              "command": command, "command_serve": f"{command} --serve"}[kind]
+    args = None if kind.startswith("command") else {"latency_median_s": 0.0}
+    cfg = AgentConfig(timeout_s=120, serve=kind == "command_serve")
+    runner = AgentRunner(AgentSpec.parse(target, 120, args=args, cfg=cfg), max_concurrent=2)
     # four sessions where the bound is checked (the openai agent); two elsewhere (each a cold start)
     sessions = calc_sessions(st, server, kind, 4 if kind == "openai" else 2)
     slip = max(sessions, key=lambda s: s.record["reference"]["total"])
