@@ -179,6 +179,11 @@ def test_task_agent_and_the_agent_keys_are_checked_when_the_config_loads():
         load_config(overrides=[f"task.agent={TEST_AGENT}", "task.agent_args={extra: 1}"])
     with pytest.raises(ConfigError, match="not both"):
         load_config(overrides=[f"task.agent={TEST_AGENT}", "task.env=calculator"])
+    served = load_config(overrides=[f"task.agent={sys.executable} -m seer.tasks.agents.calculator_command --serve",
+                                     "agent.serve=true"])
+    assert served.agent.serve is True
+    with pytest.raises(ConfigError, match="agent.serve: only a command-line agent"):
+        load_config(overrides=[f"task.agent={TEST_AGENT}", "agent.serve=true"])
     with pytest.raises(AgentSpecError, match="no keyword arguments"):
         AgentSpec.parse(f"{sys.executable} -c pass", 5, args={"x": 1})
 
