@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,8 +45,9 @@ from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
 from seer.procs.environment import agent_inherited
-from seer.rollout.agent_host import (HTTP_CLIENT_KEYWORD, HTTP_TIMEOUT_S, call_agent, error_line, frame, http_client,
-                                     read_frames)
+from seer.rollout.agent_host import (HTTP_CLIENT_KEYWORD, HTTP_TIMEOUT_S, MAX_DRIVER_FRAME_BYTES, MAX_HOST_FRAME_BYTES,
+                                     MAX_ID_BYTES, RESULT_SHAPE, FrameError, FrameReader, bound_text, call_agent,
+                                     check_shape, error_line, frame, http_client, json_size)
 from seer.tasks.workers import BOUNDS
 
 AGENT_KEYWORDS = ("base_url", "api_key", "session_id", "record")  # what every function agent is given, by name
@@ -56,6 +59,8 @@ MODEL_KEYWORD = "model"  # given too when the agent takes it: the name of the mo
 MAX_RECORD_ENV_BYTES = 100_000  # SEER_RECORD must fit one environment string (Linux: 128 KiB)
 HOST_START_S = BOUNDS.env_init_s  # the host's start (it imports the agent's module) is not a session's time
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+HOST_TRIES = 3  # hosts a session is offered to before it fails (a retiring host refuses sessions)
+log = logging.getLogger(__name__)
 
 
 class AgentSpecError(PluginError):
@@ -77,6 +82,9 @@ class AgentConfig:
     # More of seer-run's environment variables an agent may see (its tools' keys), by name. Otherwise
     # an agent sees only the basics (PATH, HOME, locale, Python's) and its session's variables.
     inherit_env: tuple[str, ...] = ()
+    # A command agent that serves many sessions from one process (it pays its start once): started
+    # once per run, it reads session frames on its stdin and answers each on its stdout (docs/agents.md).
+    serve: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -100,6 +108,7 @@ class AgentSpec:
     args: tuple[tuple[str, Any], ...] = ()  # task.agent_args (function agents' extra keywords)
     mode: str = AgentConfig.mode  # agent.mode
     inherit_env: tuple[str, ...] = ()  # agent.inherit_env
+    serve: bool = False  # agent.serve (command agents only)
 
     @classmethod
     def parse(cls, value: str, timeout_s: float | None, *, args: dict | None = None,
@@ -111,6 +120,9 @@ class AgentSpec:
         cfg = cfg or AgentConfig(timeout_s=timeout_s)
         extra = tuple(sorted((args or {}).items()))
         if _FUNCTION_PATH.fullmatch(value.strip()):
+            if cfg.serve:
+                raise AgentSpecError("agent.serve: only a command-line agent serves sessions (a function agent's "
+                                     "sessions are forks of one host that imported it already)")
             resolve_agent(value.strip(), args)
             return cls(value.strip(), "function", timeout_s, extra, cfg.mode, tuple(cfg.inherit_env))
         if args:
@@ -123,7 +135,7 @@ class AgentSpec:
         if shutil.which(argv[0]) is None:
             raise AgentSpecError(f"task.agent {value!r}: {argv[0]!r} is not an executable on PATH (nor a "
                                  "'package.module:function' path)")
-        return cls(value, "command", timeout_s, (), cfg.mode, tuple(cfg.inherit_env))
+        return cls(value, "command", timeout_s, (), cfg.mode, tuple(cfg.inherit_env), bool(cfg.serve))
 
     @property
     def argv(self) -> list[str]:
@@ -230,6 +242,9 @@ class AgentRunner:
         self.log_dir = Path(tempfile.mkdtemp(prefix="seer-agents-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._host: _Host | None = None
+        self._retired: list[_Host] = []  # hosts that fork no more, stopped once their sessions end
+        self._cold: str | None = None  # why hosts no longer import the agent (None: they do)
+        self._server: _Server | None = None  # agent.serve: the one process serving sessions
         self._host_lock = threading.Lock()
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self.running = 0  # sessions running now
@@ -252,6 +267,8 @@ class AgentRunner:
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
             try:
+                if self.spec.serve:
+                    return await self._run_served(session)
                 if self.in_process:
                     return await self._run_in_process(session)
                 return await self._run_in_loop(session)
@@ -292,47 +309,107 @@ class AgentRunner:
     # ---- in a process of its own ---------------------------------------------------------------
 
     def _get_host(self) -> "_Host":
+        """The host new sessions go to: a new one when there is none, it failed, or it retired (its
+        imports started a thread; it is stopped once its running sessions end, and hosts from then
+        on are cold: each session imports the agent in its own process)."""
         with self._host_lock:
-            if self._host is None or not self._host.alive:
-                self._host = _Host(self.spec, self.log_dir / "agent-host.log")
+            host = self._host
+            if host is None or not host.alive or host.retired is not None:
+                if host is not None and host.retired is not None and self._cold is None:
+                    self._cold = host.retired
+                    log.warning("agent host: %s; sessions from now on start from a host that does not import the "
+                                "agent (each imports it in its own process)", host.retired)
+                if host is not None and host.alive:
+                    self._retired.append(host)
+                self._host = _Host(self.spec, self.log_dir / "agent-host.log", warm=self._cold is None)
             return self._host
 
     async def _run_in_process(self, session: AgentSession) -> AgentOutcome:
-        host = self._get_host()
-        ready = await host.wait_ready()
-        if ready is not None:
-            return AgentOutcome(0.0, ready, 0.0, system=True)
         name = _file_name(session.session_id)
-        log = self.log_dir / f"{name}.log"
+        log_path = self.log_dir / f"{name}.log"
         reward_file = self.log_dir / f"{name}.reward"
-        msg: dict[str, Any] = {"op": "start", "id": session.session_id, "log": str(log)}
+        msg: dict[str, Any] = {"op": "start", "id": session.session_id, "log": str(log_path)}
         try:
+            if json_size(session.session_id) > MAX_ID_BYTES:
+                raise ValueError(f"its id is over {MAX_ID_BYTES} bytes as JSON")
             if self.spec.kind == "command":
                 msg.update(argv=self.spec.argv, env=session_env(session, str(reward_file)))
             else:
                 # the session's process makes the client (with the host's SSL context) and passes it
                 msg.update(kwargs=self._kwargs(session), http_client=self._takes_http_client)
-            pending = host.start(session.session_id, msg)
-        except Exception as e:  # a record that does not pickle or fit the environment, a host that died
-            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log), system=True)
+            data = frame(msg, MAX_DRIVER_FRAME_BYTES, allow_nan=True)
+        except Exception as e:  # a record that is not plain JSON data, too large, or over the environment's bound
+            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log_path), system=True)
+        for _ in range(HOST_TRIES):
+            host = self._get_host()
+            ready = await host.wait_ready()
+            if ready is not None:
+                return AgentOutcome(0.0, ready, 0.0, system=True)
+            try:
+                pending = host.start(session.session_id, data)
+            except HostRetired:
+                continue
+            except Exception as e:  # a host that died
+                return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log_path), system=True)
+            t0 = time.monotonic()
+            try:
+                done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
+            except BaseException:
+                host.kill(session.session_id)
+                raise
+            wall = time.monotonic() - t0
+            if not done:
+                host.kill(session.session_id)
+                return AgentOutcome(0.0, self._timeout_error(), wall, str(log_path))
+            code = pending.exited.result()
+            if pending.refused:
+                continue
+            reward, error = pending.result
+            if code is None:  # the host failed (or was stopped) while the session ran
+                error = f"{pending.host_error or 'the agent host exited'}; the session was ended"
+            elif self.spec.kind == "command":
+                reward, error = self._command_result(code, reward_file, log_path)
+            elif not pending.reported:
+                error = _exit_error(code) + self._quote(log_path)
+            # code None: the host went away under the session (its exit was never reported): Seer's failure
+            return AgentOutcome(0.0 if error else reward, error, wall, str(log_path),
+                                system=code is None and error is not None)
+        return AgentOutcome(0.0, f"the session could not start: {HOST_TRIES} agent hosts refused it", 0.0,
+                            str(log_path), system=True)
+
+    # ---- in one long-lived process of the agent's (agent.serve) ------------------------------------
+
+    def _get_server(self) -> "_Server":
+        with self._host_lock:
+            if self._server is None or not self._server.alive:
+                self._server = _Server(self.spec, self.log_dir / "agent-server.log")
+            return self._server
+
+    async def _run_served(self, session: AgentSession) -> AgentOutcome:
+        msg = {"op": "start", "id": session.session_id, "base_url": session.base_url, "api_key": session.api_key,
+               "model": session.model, "record": session.record}
+        try:
+            if json_size(session.session_id) > MAX_ID_BYTES:
+                raise ValueError(f"its id is over {MAX_ID_BYTES} bytes as JSON")
+            data = frame(msg, MAX_DRIVER_FRAME_BYTES, allow_nan=True)
+            server = self._get_server()
+            pending = server.start(session.session_id, data)
+        except Exception as e:  # a record that is not plain JSON data, a server that could not start
+            return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0)
         t0 = time.monotonic()
         try:
             done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
         except BaseException:
-            host.kill(session.session_id)
+            server.cancel(session.session_id)
             raise
         wall = time.monotonic() - t0
         if not done:
-            host.kill(session.session_id)
-            return AgentOutcome(0.0, self._timeout_error(), wall, str(log))
-        code = pending.exited.result()
+            server.cancel(session.session_id)
+            return AgentOutcome(0.0, self._timeout_error(), wall)
         reward, error = pending.result
-        if self.spec.kind == "command":
-            reward, error = self._command_result(code, reward_file, log)
-        elif pending.result == _NO_RESULT:
-            error = _exit_error(code) + self._quote(log)
-        # code None: the host went away under the session (its exit was never reported): Seer's failure
-        return AgentOutcome(0.0 if error else reward, error, wall, str(log), system=code is None and error is not None)
+        if pending.exited.result() is None:
+            error = f"{pending.host_error or 'the agent server exited'}; the session was ended" + self._quote(server.log)
+        return AgentOutcome(0.0 if error else reward, error, wall)
 
     def _command_result(self, code: int | None, reward_file: Path, log: Path) -> tuple[float | None, str | None]:
         if code != 0:
@@ -364,14 +441,12 @@ class AgentRunner:
         """Stop the host and every session still running (their process groups killed)."""
         self.closed = True
         with self._host_lock:
-            host, self._host = self._host, None
-        if host is not None:
+            hosts = [h for h in (self._host, *self._retired, self._server) if h is not None]
+            self._host, self._retired, self._server = None, [], None
+        for host in hosts:
             await asyncio.get_running_loop().run_in_executor(None, host.stop)
         if self._own_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-_NO_RESULT = (None, "__no_result__")
 
 
 def _exit_error(code: int | None) -> str:
@@ -386,37 +461,73 @@ def _exit_error(code: int | None) -> str:
     return f"the agent's process exited with status {code} before it returned"
 
 
+class HostRetired(Exception):
+    """The host forks no more sessions: offer the session to another."""
+
+
 @dataclass
 class _Pending:
-    """One session in the host: its process, the result it reported, and the future of its exit."""
+    """One session in the host: its process, what it reported, and the future of its exit."""
 
     loop: asyncio.AbstractEventLoop
-    exited: asyncio.Future  # its exit code (None: the host is gone)
-    pid: int | None = None
-    result: tuple[float | None, str | None] = _NO_RESULT
+    exited: asyncio.Future  # its exit code (None: the host is gone, or refused the session)
+    pid: int | None = None  # checked to be a child of the host
+    reported: bool = False  # whether a function session reported (the host's exit frame says)
+    result: tuple[float | None, str | None] = (None, None)
+    refused: bool = False  # the host had retired when the start reached it
+    host_error: str | None = None  # why the host is gone, when it went with the session running
+
+
+# What the host may send (seer.rollout.agent_host); any other frame ends the host.
+_SHAPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "ready": {"ready": (bool,), "error": (str, type(None))},
+    "retire": {"retire": (str,)},
+    "pid": {"id": (str,), "pid": (int,)},
+    "refused": {"id": (str,), "refused": (str,)},
+    "exit": {"id": (str,), "exit": (int, type(None)), "reported": (bool,), **RESULT_SHAPE},
+}
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Host:
-    """The driver's side of one agent host process (seer.rollout.agent_host): frames out on its
-    stdin, frames back read by a thread, which hands each to its session's event loop."""
+    """The driver's side of one agent host process (seer.rollout.agent_host): frames out on a socket
+    that is its stdin and stdout, frames back read by a thread, which checks each (a bounded JSON
+    object of a known shape) and hands it to its session's event loop. A frame that is not, or the
+    socket's end, ends the host: its sessions fail at once and the runner starts another."""
 
-    def __init__(self, spec: AgentSpec, log: Path) -> None:
+    def __init__(self, spec: AgentSpec, log: Path, warm: bool = True) -> None:
         env = agent_inherited(spec.inherit_env)
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
         if spec.kind == "function":  # the host imports the agent from where the driver resolved it
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.log = log
-        with open(log, "ab") as err:  # the host's own errors (its sessions log apart)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
-                 spec.target if spec.kind == "function" else "-"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        self.sock, theirs = socket.socketpair()
+        try:
+            with open(log, "ab") as err:  # the host's own errors (its sessions log apart)
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
+                     spec.target if spec.kind == "function" else "-", "warm" if warm else "cold"],
+                    stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err, env=env, start_new_session=True)
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
         self.pending: dict[str, _Pending] = {}
-        self._lock = threading.Lock()  # the pending sessions (the reader thread takes it too)
-        self._write_lock = threading.Lock()  # frames to the host, one at a time (never held by the reader)
+        self._lock = threading.Lock()  # the pending sessions and the host's state (the reader takes it too)
+        self._write_lock = threading.Lock()  # frames to the host, one at a time
         self._ready = threading.Event()
         self._ready_error: str | None = None
         self.alive = True
+        self.retired: str | None = None  # why the host forks no more
+        self.failure: str | None = None  # why the host was ended (a frame it should not have sent)
+        self._stop_sent = False
         self._reader = threading.Thread(target=self._read, name="seer-agent-host", daemon=True)
         self._reader.start()
 
@@ -428,14 +539,17 @@ class _Host:
                 return f"the agent host did not start within {HOST_START_S:g} s"
         return self._ready_error
 
-    def start(self, sid: str, msg: dict) -> _Pending:
+    def start(self, sid: str, data: bytes) -> _Pending:
+        """Send a start frame (`data`, made by the runner); HostRetired when this host forks no more."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            if self.retired is not None or self._stop_sent:
+                raise HostRetired(self.retired)
             if sid in self.pending:
                 raise ValueError(f"session {sid!r} is already running")
             p = self.pending[sid] = _Pending(loop, loop.create_future())
         try:
-            self._send(msg)
+            self._send_bytes(data)
         except BaseException:
             with self._lock:
                 self.pending.pop(sid, None)
@@ -452,66 +566,113 @@ class _Host:
             p = self.pending.pop(sid, None)
         if p is not None and not self.alive and p.pid is not None:  # nobody reaps it: kill it from here
             _kill_group(p.pid)
+        self._stop_if_retired()
 
     def _send(self, msg: dict) -> None:
-        data = frame(msg)
+        self._send_bytes(frame(msg, MAX_DRIVER_FRAME_BYTES, allow_nan=True))
+
+    def _send_bytes(self, data: bytes) -> None:
         with self._write_lock:
-            if not self.alive or self.proc.stdin is None:
+            if not self.alive:
                 raise OSError("the agent host has exited")
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            self.sock.sendall(data)
 
     def _read(self) -> None:
-        buf = bytearray()
-        out = self.proc.stdout
-        while True:
-            try:
-                data = out.read1(1 << 16) if out is not None else b""
-            except (OSError, ValueError):
-                data = b""
-            if not data:
-                break
-            buf += data
-            for msg in read_frames(buf):
-                self._dispatch(msg)
+        reader = FrameReader(MAX_HOST_FRAME_BYTES)
+        reason = None
+        try:
+            while True:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    break
+                for msg in reader.feed(data):
+                    self._dispatch(msg)
+        except FrameError as e:
+            reason = f"the agent host sent a malformed frame ({e})"
+        except OSError as e:
+            reason = f"reading the agent host failed: {error_line(e)}"
+        except BaseException as e:  # noqa: BLE001 - whatever it was, the host is no longer usable
+            reason = f"reading the agent host failed: {error_line(e)}"
         self.alive = False
+        if reason is not None:
+            self.failure = reason
+            log.warning("%s; the host is ended, its sessions fail, and later sessions go to a new host", reason)
+            _kill_group(self.proc.pid)  # its sessions die with it (PR_SET_PDEATHSIG)
         code = self.proc.wait()
+        if reason is None and not self._stop_sent:
+            reason = f"the agent host exited with status {code}"
         if not self._ready.is_set():
-            self._ready_error = f"the agent host exited with status {code} while starting" + AgentRunner._quote(self.log)
+            self._ready_error = (f"the agent host failed while starting: {reason}" if self.failure else
+                                 f"the agent host exited with status {code} while starting") + AgentRunner._quote(self.log)
             self._ready.set()
         with self._lock:
             orphans, self.pending = list(self.pending.values()), {}
         for p in orphans:  # its sessions' processes die with it (PR_SET_PDEATHSIG); their groups too
             if p.pid is not None:
                 _kill_group(p.pid)
+            p.host_error = reason or "the agent host was stopped"
             _settle(p, None)
 
     def _dispatch(self, msg: dict) -> None:
-        if "ready" in msg:
-            self._ready_error = msg.get("error")
+        kind = next((k for k in ("ready", "retire", "pid", "refused", "exit") if k in msg), None)
+        if kind is None:
+            raise FrameError(f"a frame with keys {sorted(msg)[:8]}")
+        check_shape(msg, _SHAPES[kind])
+        if kind == "ready":
+            if self._ready.is_set():
+                raise FrameError("a second ready frame")
+            self._ready_error = msg["error"] if not msg["ready"] else None
+            if not msg["ready"] and not self._ready_error:
+                raise FrameError("not ready, and no error")
             self._ready.set()
             return
+        if kind == "retire":
+            with self._lock:
+                self.retired = bound_text(msg["retire"], 1000)
+            self._stop_if_retired()
+            return
+        settle = None
         with self._lock:
             p = self.pending.get(msg["id"])
-            if p is None:
+            if p is None:  # a session killed since (the host reports it all the same)
                 return
-            if "pid" in msg:
-                p.pid = msg["pid"]
-            elif "result" in msg:
-                p.result = (msg["result"], msg["error"])
-            elif "exit" in msg:
+            if kind == "pid":  # only a child of the host's is ever killed from here
+                parent = _parent_of(msg["pid"])
+                if p.pid is not None or parent not in (None, self.proc.pid):
+                    raise FrameError(f"pid {msg['pid']} is not a new process of the agent host")
+                p.pid = msg["pid"] if parent is not None else None  # None: reaped already
+            elif kind == "refused":
+                p.refused = True
                 self.pending.pop(msg["id"], None)
-        if "exit" in msg:
-            _settle(p, msg["exit"])
+                settle = None
+            else:
+                p.reported = msg["reported"]
+                p.result = (msg["result"], msg["error"])
+                self.pending.pop(msg["id"], None)
+                settle = msg["exit"]
+        if kind in ("refused", "exit"):
+            _settle(p, settle)
+            self._stop_if_retired()
+
+    def _stop_if_retired(self) -> None:
+        """A retired host is stopped once no session of it is left."""
+        with self._lock:
+            if self.retired is None or self.pending or self._stop_sent or not self.alive:
+                return
+            self._stop_sent = True
+        try:
+            self._send({"op": "stop"})
+        except OSError:
+            pass
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop_sent = True
         try:
             self._send({"op": "stop"})
         except OSError:
             pass
         try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
+            self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         try:
@@ -520,8 +681,117 @@ class _Host:
             _kill_group(self.proc.pid)
             self.proc.wait(timeout=10)
         self._reader.join(timeout=10)
-        if self.proc.stdout is not None and not self._reader.is_alive():
-            self.proc.stdout.close()
+        if not self._reader.is_alive():
+            self.sock.close()
+class _Server:
+    """The driver's side of a served command agent (agent.serve): its process, started once with the
+    agent's environment, reads {op: start, id, base_url, api_key, model, record} and {op: cancel, id}
+    on its stdin and writes one {id, reward, error} per session on its stdout (frames as the agent
+    host's: a length and a JSON object, at most MAX_HOST_FRAME_BYTES from it). A frame that is not
+    that, or its end, ends the process (its group killed): its sessions fail at once, and the next
+    session starts another."""
+
+    SHAPE: dict[str, tuple[type, ...]] = {"id": (str,), "reward": (int, float, type(None)), "error": (str, type(None))}
+
+    def __init__(self, spec: AgentSpec, log: Path) -> None:
+        env = agent_inherited(spec.inherit_env)
+        env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+        env["SEER_SERVE"] = "1"
+        self.log = log
+        self.sock, theirs = socket.socketpair()
+        try:
+            with open(log, "ab") as err:
+                self.proc = subprocess.Popen(spec.argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err,
+                                             env=env, start_new_session=True)
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
+        self.pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self.alive = True
+        self._stopping = False
+        self._reader = threading.Thread(target=self._read, name="seer-agent-server", daemon=True)
+        self._reader.start()
+
+    def start(self, sid: str, data: bytes) -> _Pending:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if sid in self.pending:
+                raise ValueError(f"session {sid!r} is already running")
+            p = self.pending[sid] = _Pending(loop, loop.create_future())
+        try:
+            self._send_bytes(data)
+        except BaseException:
+            with self._lock:
+                self.pending.pop(sid, None)
+            raise
+        return p
+
+    def cancel(self, sid: str) -> None:
+        with self._lock:
+            self.pending.pop(sid, None)
+        try:
+            self._send_bytes(frame({"op": "cancel", "id": sid}, MAX_DRIVER_FRAME_BYTES))
+        except OSError:
+            pass
+
+    def _send_bytes(self, data: bytes) -> None:
+        with self._write_lock:
+            if not self.alive:
+                raise OSError("the agent server has exited")
+            self.sock.sendall(data)
+
+    def _read(self) -> None:
+        reader = FrameReader(MAX_HOST_FRAME_BYTES)
+        reason = None
+        try:
+            while True:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    break
+                for msg in reader.feed(data):
+                    check_shape(msg, self.SHAPE)
+                    with self._lock:
+                        p = self.pending.pop(msg["id"], None)
+                    if p is not None:
+                        p.result = (msg["reward"], msg["error"])
+                        _settle(p, 0)
+        except FrameError as e:
+            reason = f"the agent server sent a malformed frame ({e})"
+        except BaseException as e:  # noqa: BLE001 - whatever it was, the process is no longer usable
+            reason = f"reading the agent server failed: {error_line(e)}"
+        self.alive = False
+        if reason is not None:
+            log.warning("%s; it is ended, its sessions fail, and later sessions start another", reason)
+        _kill_group(self.proc.pid)
+        code = self.proc.wait()
+        if reason is None:
+            reason = "the agent server was stopped" if self._stopping else f"the agent server exited with status {code}"
+        with self._lock:
+            orphans, self.pending = list(self.pending.values()), {}
+        for p in orphans:
+            p.host_error = reason
+            _settle(p, None)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End of input tells the process to finish; its group is killed after `timeout_s`."""
+        self._stopping = True
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(self.proc.pid)
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        if not self._reader.is_alive():
+            self.sock.close()
 
 
 def _settle(p: _Pending, code: int | None) -> None:

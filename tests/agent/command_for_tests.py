@@ -31,5 +31,31 @@ def main() -> None:
         Path(os.environ["SEER_REWARD_FILE"]).write_text("high\n")
 
 
+def handle(session: dict) -> float | None:
+    """A session of the served agent (agent.serve: true)."""
+    record = session["record"]
+    do = record["do"]
+    if do == "ok":
+        return record["reward"]
+    if do == "crash":
+        raise RuntimeError("the served agent broke")
+    if do == "hang":
+        time.sleep(3600)
+    if do == "pid":  # which process served it
+        return os.getpid()
+    if do == "die":  # the whole serving process goes, the other sessions in it with it
+        os._exit(3)
+    if do == "garbage":
+        os.write(int(os.environ["SEER_TEST_STDOUT_FD"]), b"\xff\xff\xff\xffnot a frame")
+        time.sleep(3600)
+    raise AssertionError(f"unknown behaviour {do!r}")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--serve"]:
+        os.environ["SEER_TEST_STDOUT_FD"] = str(os.dup(1))
+        from seer.tasks.agents.serve_sessions import serve
+
+        serve(handle)
+    else:
+        main()

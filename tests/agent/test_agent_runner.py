@@ -179,6 +179,11 @@ def test_task_agent_and_the_agent_keys_are_checked_when_the_config_loads():
         load_config(overrides=[f"task.agent={TEST_AGENT}", "task.agent_args={extra: 1}"])
     with pytest.raises(ConfigError, match="not both"):
         load_config(overrides=[f"task.agent={TEST_AGENT}", "task.env=calculator"])
+    served = load_config(overrides=[f"task.agent={sys.executable} -m seer.tasks.agents.calculator_command --serve",
+                                     "agent.serve=true"])
+    assert served.agent.serve is True
+    with pytest.raises(ConfigError, match="agent.serve: only a command-line agent"):
+        load_config(overrides=[f"task.agent={TEST_AGENT}", "agent.serve=true"])
     with pytest.raises(AgentSpecError, match="no keyword arguments"):
         AgentSpec.parse(f"{sys.executable} -c pass", 5, args={"x": 1})
 
@@ -217,13 +222,15 @@ def transcript(st: StandIn, sid: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("kind", ["openai", "sdk", "command"])
+@pytest.mark.parametrize("kind", ["openai", "sdk", "command", "command_serve"])
 def test_the_calculator_agents_play_the_task_through_an_openai_api_and_score_like_the_environment(kind, standin):
     st, server = standin
+    command = f"{sys.executable} -m seer.tasks.agents.calculator_command --latency-median-s 0"
     target = {"openai": "seer.tasks.agents.calculator_openai:agent", "sdk": "seer.tasks.agents.calculator_sdk:agent",
-              "command": f"{sys.executable} -m seer.tasks.agents.calculator_command --latency-median-s 0"}[kind]
-    args = None if kind == "command" else {"latency_median_s": 0.0}
-    runner = AgentRunner(AgentSpec.parse(target, 120, args=args), max_concurrent=2)
+              "command": command, "command_serve": f"{command} --serve"}[kind]
+    args = None if kind.startswith("command") else {"latency_median_s": 0.0}
+    cfg = AgentConfig(timeout_s=120, serve=kind == "command_serve")
+    runner = AgentRunner(AgentSpec.parse(target, 120, args=args, cfg=cfg), max_concurrent=2)
     # four sessions where the bound is checked (the openai agent); two elsewhere (each a cold start)
     sessions = calc_sessions(st, server, kind, 4 if kind == "openai" else 2)
     slip = max(sessions, key=lambda s: s.record["reference"]["total"])

@@ -28,3 +28,16 @@ def test_the_agents_doc_quotes_the_recorded_cost_of_containment():
             f"about {round(rec['process_session_uss_kib_median'] * 1024 / 1e6)} MB of its own"}
     flat = re.sub(r"\s+", " ", doc)
     assert not [s for s in said if s not in flat], [s for s in said if s not in flat]
+
+
+def test_the_agents_doc_quotes_the_recorded_cost_of_a_command_agents_start():
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "agents.md").read_text())
+    rec = json.loads((RECORD / "command_cost.json").read_text())
+    one, eight = rec["summary"]["concurrent_1"], rec["summary"]["concurrent_8"]
+    said = {f"one session at a time took {one['session_wall_median_s']['command']:.2f} s",
+            f"and {one['session_wall_median_s']['serve']:.3f} s served",
+            f"took {eight['total_s_median']['command']:.1f} s against {eight['total_s_median']['serve']:.2f} s "
+            f"({eight['command_over_serve_total']:.2f}x)",
+            f"the served process's start ({rec['warm_up_s_median']['serve']:.2f} s)"}
+    assert rec["errors"] == 0 and rec["command"] == "python -m bench.agent_command_cost"
+    assert not [s for s in said if s not in doc], [s for s in said if s not in doc]
