@@ -34,7 +34,6 @@ import gc
 import importlib
 import json
 import math
-import numbers
 import os
 import re
 import selectors
@@ -46,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from seer.procs.pdeathsig import set_parent_death_signal
+from seer.tasks.reward import as_reward
 
 HEADER = struct.Struct(">I")
 # Frame bounds, in bytes of JSON (the 4-byte header not counted). The driver's frames carry a
@@ -213,27 +213,9 @@ def error_line(e: BaseException) -> str:
 
 
 def check_reward(value: Any) -> float | None:
-    """An agent's return value as a reward: a finite real number of any numeric type (int, float, a
-    NumPy scalar, anything with __float__ that is not a bool, text or complex), or None (the task's
-    reward decides)."""
-    if value is None:
-        return None
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    if (isinstance(value, (bool, str, bytes)) or kind in ("b", "c") or getattr(value, "ndim", 0) != 0
-            or (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real))
-            or not (isinstance(value, numbers.Real) or hasattr(type(value), "__float__"))):
-        raise TypeError(f"the agent returned {bound_text(repr(value), 200)}; expected a finite number or None")
-    try:
-        out = float(value)
-    except OverflowError:
-        raise ValueError(f"the agent returned {bound_text(repr(value), 200)}: too large for a float; expected a "
-                         "finite number or None") from None
-    except Exception as e:  # noqa: BLE001 - its own __float__ failed
-        raise TypeError(f"the agent returned {bound_text(repr(value), 200)}, which float() refused "
-                        f"({error_line(e)}); expected a finite number or None") from None
-    if not math.isfinite(out):
-        raise ValueError(f"the agent returned {out}; expected a finite number or None")
-    return out
+    """An agent's return value as a reward: None (the task's reward decides) or what a reward function
+    may return (seer.tasks.reward.as_reward: a finite real number of any numeric type, not a bool)."""
+    return None if value is None else as_reward(value, "the agent")
 
 
 async def call_agent(fn: Callable[..., Any], kwargs: dict, client: Any = None) -> tuple[float | None, str | None]:

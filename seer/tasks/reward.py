@@ -53,18 +53,22 @@ def as_reward(value: object, what: str = "reward function") -> float:
     """A user program's reward as a float, or TypeError naming `what` and the value.
 
     Any real number is a reward: Python's int and float, NumPy's scalars (np.float32, np.int64),
-    Fraction, Decimal, a one-element tensor (anything not complex that float() takes, strings aside).
-    Refused: bool (True from a predicate is not a score; return 1.0), NaN and infinities, and a
-    number too large for a float (10**400), which would otherwise raise OverflowError in the driver."""
+    Fraction, Decimal, a 0-d array or tensor (anything not complex that float() takes, strings aside).
+    Refused: bool (True from a predicate is not a score; return 1.0), an array with a shape, NaN and
+    infinities, and a number too large for a float (10**400), which would otherwise raise
+    OverflowError in the driver. Rewards, environments' rewards and agents' returns all pass here."""
     is_bool = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
     real = isinstance(value, numbers.Real) or (not isinstance(value, (numbers.Complex, str, bytes, bytearray))
+                                              and getattr(getattr(value, "dtype", None), "kind", None) != "c"
                                               and hasattr(type(value), "__float__"))
-    if is_bool or not real:
+    if is_bool or not real or getattr(value, "ndim", 0) != 0:
         raise TypeError(f"{what} returned {_shown(value)} ({type(value).__name__}); expected a finite real number "
                         "(bool is refused: return 1.0 or 0.0)")
     try:
         out = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError) as e:
+    except OverflowError:
+        raise TypeError(f"{what} returned {_shown(value)}: too large for a float; expected a finite real number") from None
+    except Exception as e:  # noqa: BLE001 - a stranger's __float__ may raise anything
         raise TypeError(f"{what} returned {_shown(value)}, which is not a float: {e}") from None
     if not math.isfinite(out):
         raise TypeError(f"{what} returned {_shown(value)}; expected a finite real number")

@@ -214,9 +214,9 @@ def test_a_module_the_first_sessions_import_late_that_starts_a_thread_retires_th
 
 NUMBERS = {"f32": ("float32", 0.5, 0.5), "i64": ("int64", 1, 1.0), "f16": ("float16", 0.25, 0.25),
            "u8": ("uint8", 3, 3.0), "zero_d": ("array", 0.75, 0.75)}
-NOT_REWARDS = {"nan": ("float64", "nan", "expected a finite number"), "inf": ("float32", "inf", "expected a finite"),
-               "big": ("big_int", 0, "too large for a float"), "bool": ("bool_", True, "expected a finite number"),
-               "complex": ("complex64", 1, "expected a finite number"), "vector": ("array", [1.0], "expected a finite")}
+NOT_REWARDS = {"nan": ("float64", "nan", "expected a finite"), "inf": ("float32", "inf", "expected a finite"),
+               "big": ("big_int", 0, "too large for a float"), "bool": ("bool_", True, "expected a finite"),
+               "complex": ("complex64", 1, "expected a finite"), "vector": ("array", [1.0], "expected a finite")}
 
 
 def test_numpy_scalar_rewards_score_as_numbers_and_non_finite_or_non_real_ones_as_the_agents_error(tmp_path):
@@ -244,10 +244,10 @@ def test_check_reward_takes_any_real_number_and_names_what_it_refuses():
                             (np.float64(1e300), 1e300), (None, None)]:
         assert check_reward(value) == expected and (expected is None or type(check_reward(value)) is float)
     for value, words in [(True, "expected a finite"), (np.bool_(False), "expected a finite"), ("1", "expected a finite"),
-                         (float("nan"), "returned nan"), (np.float32("inf"), "returned inf"),
+                         (float("nan"), "returned nan"), (np.float32("inf"), "inf"),
                          (10 ** 400, "too large for a float"), (1j, "expected a finite"), (np.array([1.0]), "expected"),
                          (object(), "expected a finite")]:
-        with pytest.raises((TypeError, ValueError), match=words):
+        with pytest.raises(TypeError, match=words):
             check_reward(value)
 
 
