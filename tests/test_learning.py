@@ -34,6 +34,14 @@ def default_model():
     return ensure_model("default", progress=False)
 
 
+def test_default_model_is_the_recorded_build(default_model):
+    """The same weights on every x86-64 CPU with AVX2 (the build pins its kernels' instruction
+    set): the learning below is measured on the model the README's claim is about."""
+    from seer.model.build import weights_mismatch
+
+    assert weights_mismatch(default_model) is None, weights_mismatch(default_model)
+
+
 def test_reward_of_the_last_iteration_is_clearly_above_the_first(default_model, tmp_path):
     run_dir = tmp_path / "run"
     sets = {"seed": 0, "rollout.groups_per_iteration": 16, "rollout.group_size": 8, "rollout.max_tokens": 1024}
