@@ -174,7 +174,7 @@ def get_preset(name: str) -> ModelPreset:
 # the new value here; any other difference is a build that depends on the machine.
 WEIGHTS_TORCH = "2.13.0+cpu"
 WEIGHTS_SHA256 = {
-    "default": "PENDING",
+    "default": "1ff7d4669d9e2401b5fc9513328d63f18f5107973145c5ba48c91e184c4d38c8",
     "tiny": "4e8b628df595c300b4fa6ab63acd999de6e540355d2def9d86d36a648406b22a",
     "tiny-qwen3": "cf1e34fac5b785259bbad63189f9df15894aab81b5520fdbd1db2284876e9195",
     "tiny-llama3": "c510b1b9b3af83afed52d2d9b934298c9df8107cb4f1346b603e3de2e85f29cb",
