@@ -177,6 +177,19 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _engine_started(job: Job) -> bool:
+    """Whether a vLLM API server of the job has started its engine core: a process it spawned
+    (multiprocessing), found by the process tree. Not by vLLM's process title: that title
+    ("VLLM::EngineCore", setproctitle) is not always set; once an engine served 70 iterations here
+    as plain `python3`, and a wait for the title ran until its deadline with the job running."""
+    for p in job.processes():
+        if _comm(p).startswith("VLLM::Engine"):
+            return True
+        if "multiprocessing.spawn" in _cmd(p) and "vllm.entrypoints" in _cmd(_ppid(p) or 0):
+            return True
+    return False
+
+
 def _service(pid: int, job: Job) -> str:
     """What a process of the run is: by its command line, else by the nearest guard above it."""
     cmd = _cmd(pid)
@@ -291,7 +304,7 @@ def test_a_run_stopped_by_a_signal_while_starting_leaves_no_process(sig, tiny_mo
     the instance's engine are running, before the instance is ready; nothing is left."""
     job = Job.start(tmp_path, {**SMALL, "train.enabled": "false"})
     try:
-        job.wait_for("a vLLM engine process", lambda: any(_comm(p).startswith("VLLM::") for p in job.processes()))
+        job.wait_for("a vLLM engine process", lambda: _engine_started(job))
         services = set(_services(job).values())
         assert {"vllm", "mooncake_master", "mooncake store", "dgds", "ray system"} <= services, services
         before = len(job.processes())

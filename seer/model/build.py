@@ -4,6 +4,11 @@ Nothing can be downloaded, so Seer makes its own small Qwen2 model and tokenizer
 The directory name carries a hash of the whole build recipe; building happens in a temporary
 directory renamed into place, under a file lock, so concurrent first uses (tests, several
 processes) build once and never see a half-written model.
+
+The build runs in a fresh Python process whose environment pins each math library's instruction
+set before it loads (ISA_PINS): the same recipe then gives the same weights, bit for bit, on every
+x86-64 CPU with AVX2, whatever the host's widest vector unit (docs/models.md, "Same weights on
+every CPU").
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,10 +28,26 @@ from pathlib import Path
 from seer.model.checkpoint import check_hf_checkpoint
 from seer.model.presets import ArchSpec, ModelPreset, get_preset
 from seer.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB
-from seer.tasks import running_sum
+from seer.tasks import calculator, running_sum
 
 RECIPE_VERSION = 1  # bump when build code changes what it produces
 BUILD_INFO = "seer_build.json"
+
+# Set in the build process's environment, read by each library when it loads. Without them ATen
+# (its vectorized kernels: softmax, norms, AdamW, SDPA) and MKL (sgemm on Intel CPUs) pick the
+# widest unit the CPU has, and AVX-512's other blocking and reduction order gave other weights
+# (tests/test_learning.py failed on such a machine). AVX2 is what every CPU that runs vLLM's CPU
+# backend has. MKL on an AMD CPU ignores its two settings and takes its one AMD path (checked here:
+# neither changes a bit of an sgemm on an EPYC, while ATen's does); oneDNN runs no primitive in the
+# build, its cap is for a torch that would route one there.
+ISA_PINS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2,STRICT",  # conditional numerical reproducibility on the AVX2 branch, strict
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+BUILD_CAPABILITY = "AVX2"  # torch.backends.cpu.get_cpu_capability() the build must run at
+BUILD_THREADS = 2  # the whole build's intra-op threads (the warm start sets its spec's own)
 
 
 def cache_root() -> Path:
@@ -52,6 +75,7 @@ def recipe_hash(preset: ModelPreset) -> str:
         "preset": _recipe(preset),
         "vocab": VOCAB,
         "task": {"prompt": running_sum.PROMPT_TEMPLATE, "format": running_sum.TRACE_FORMAT_VERSION},
+        "isa_pins": ISA_PINS,  # caches built before the pins (host ISA) are never reused
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -78,7 +102,7 @@ def ensure_model(
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
         try:
-            build_model(p, tmp, progress=progress)
+            build_pinned(p, tmp, progress=progress)
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is for everyone who can read it
             if final.exists():  # a leftover without BUILD_INFO: incomplete, replace it
                 shutil.rmtree(final)
@@ -154,9 +178,94 @@ def build_model(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bo
         "recipe_hash": recipe_hash(preset),
         "parameters": sum(t.numel() for t in model.parameters()),
         "warm_start": dataclasses.asdict(report) if report else None,
+        # the kernels it ran on: build_pinned's process reads AVX2 and the pins on every host
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "isa_pins": {k: os.environ.get(k) for k in ISA_PINS},
+        "torch": torch.__version__,
         "build_seconds": round(time.monotonic() - t0, 1),
         # CPU seconds over all threads: / threads estimates the wall time on idle cores
         "build_cpu_seconds": round(time.process_time() - cpu0, 1),
     }
     (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return check_hf_checkpoint(out)
+
+
+class BuildError(RuntimeError):
+    """The pinned build process failed or could not run at the pinned instruction set."""
+
+
+def preset_to_json(p: ModelPreset) -> str:
+    """The preset as plain data for the build process (the warm-start task tagged by its kind)."""
+    d = dataclasses.asdict(p)
+    if p.warm_start is not None:
+        d["warm_start"]["task_kind"] = "calculator" if isinstance(p.warm_start.task, calculator.CalcTaskConfig) else "running_sum"
+    return json.dumps(d)
+
+
+def preset_from_json(text: str) -> ModelPreset:
+    from seer.model.presets import Llama3Rope, MoESpec, WarmStartSpec
+
+    d = json.loads(text)
+    a = dict(d["arch"])
+    a["llama3_rope"] = Llama3Rope(**a["llama3_rope"]) if a.get("llama3_rope") else None
+    a["moe"] = MoESpec(**a["moe"]) if a.get("moe") else None
+    ws = None
+    if d["warm_start"] is not None:
+        w = dict(d["warm_start"])
+        task_cls = calculator.CalcTaskConfig if w.pop("task_kind") == "calculator" else running_sum.RunningSumConfig
+        ws = WarmStartSpec(**{**w, "task": task_cls(**w["task"]), "offset_heads": tuple(w["offset_heads"])})
+    return ModelPreset(name=d["name"], arch=ArchSpec(**a), warm_start=ws, init_seed=d["init_seed"])
+
+
+def build_pinned(preset: ModelPreset, out_dir: str | os.PathLike, *, progress: bool = True) -> Path:
+    """build_model in a fresh process with ISA_PINS in its environment (the libraries read them
+    once, when they load: this process may already run torch at AVX-512)."""
+    env = {**os.environ, **ISA_PINS}
+    cmd = [sys.executable, "-c", "import sys; from seer.model.build import _main; sys.exit(_main(sys.argv[1:]))",
+           str(out_dir), recipe_hash(preset)] + ([] if progress else ["--quiet"])
+    r = subprocess.run(cmd, input=preset_to_json(preset), text=True, env=env,
+                       stdout=None if progress else subprocess.PIPE, stderr=None if progress else subprocess.STDOUT)
+    if r.returncode != 0:
+        shown = f":\n{r.stdout[-4000:]}" if r.stdout else " (its output is above)"
+        raise BuildError(f"building model preset {preset.name!r} failed (build process exit {r.returncode}){shown}")
+    return check_hf_checkpoint(Path(out_dir))
+
+
+def _main(argv: list[str]) -> int:
+    """The build process (build_pinned's command): OUT_DIR RECIPE_HASH [--quiet], the preset as
+    JSON on stdin (ISA_PINS in the environment, as build_pinned sets them)."""
+    import torch
+
+    out, expected_hash = argv[0], argv[1]
+    preset = preset_from_json(sys.stdin.read())
+    if recipe_hash(preset) != expected_hash:  # the JSON round trip lost or changed a field
+        print(f"preset {preset.name!r} arrived with recipe hash {recipe_hash(preset)}, sent {expected_hash}", file=sys.stderr)
+        return 2
+    unset = {k: v for k, v in ISA_PINS.items() if os.environ.get(k) != v}
+    capability = torch.backends.cpu.get_cpu_capability()
+    if unset or capability != BUILD_CAPABILITY:
+        print(f"the embedded models are built with {BUILD_CAPABILITY} kernels so that every machine builds the same "
+              f"weights, but this build process runs at {capability}"
+              + (f" with {', '.join(unset)} not set as {ISA_PINS}" if unset else " (this CPU lacks AVX2?)")
+              + "; give `model` a checkpoint directory instead of a preset", file=sys.stderr)
+        return 3
+    torch.set_num_threads(BUILD_THREADS)
+    build_model(preset, out, progress="--quiet" not in argv[2:])
+    return 0
+
+
+def weights_mismatch(model_dir: str | os.PathLike) -> str | None:
+    """None if the built preset in `model_dir` has its recorded weights (presets.WEIGHTS_SHA256),
+    else what differs: the digest and how the build ran, against how the record was made."""
+    from seer.model.presets import WEIGHTS_SHA256, WEIGHTS_TORCH
+
+    d = Path(model_dir)
+    info = json.loads((d / BUILD_INFO).read_text())
+    want = WEIGHTS_SHA256.get(info["preset"])
+    got = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    if want is None or got == want:
+        return None
+    ran = {k: info.get(k) for k in ("recipe_hash", "cpu_capability", "isa_pins", "torch")}
+    return (f"{info['preset']}'s model.safetensors has sha256 {got}, recorded {want} (seer/model/presets.py "
+            f"WEIGHTS_SHA256, built at capability {BUILD_CAPABILITY} with ISA_PINS on torch {WEIGHTS_TORCH}); this build: "
+            f"{ran}, warm-start final loss {(info.get('warm_start') or {}).get('final_loss')}")

@@ -167,3 +167,16 @@ def get_preset(name: str) -> ModelPreset:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+# sha256 of model.safetensors as build_pinned writes it (seer/model/build.py: AVX2 kernels on any
+# x86-64 CPU with AVX2), torch 2.13.0+cpu: the presets the suite builds. A recipe change records
+# the new value here; any other difference is a build that depends on the machine.
+WEIGHTS_TORCH = "2.13.0+cpu"
+WEIGHTS_SHA256 = {
+    "default": "1ff7d4669d9e2401b5fc9513328d63f18f5107973145c5ba48c91e184c4d38c8",
+    "tiny": "4e8b628df595c300b4fa6ab63acd999de6e540355d2def9d86d36a648406b22a",
+    "tiny-qwen3": "cf1e34fac5b785259bbad63189f9df15894aab81b5520fdbd1db2284876e9195",
+    "tiny-llama3": "c510b1b9b3af83afed52d2d9b934298c9df8107cb4f1346b603e3de2e85f29cb",
+    "tiny-qwen3-moe": "c533f621e88ee4ddceb54e6b350e89f82425d2ab99f4043cd407257be2ea58e8",
+}

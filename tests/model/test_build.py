@@ -1,6 +1,7 @@
 """Builds the tiny preset once (~30 s on two idle cores) into a fresh cache directory."""
 
 import json
+import os
 import time
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from seer.model import ensure_model, is_local_hf_checkpoint, model_dir, resolve_model
-from seer.model.build import BUILD_INFO
+from seer.model.build import BUILD_CAPABILITY, BUILD_INFO, ISA_PINS, weights_mismatch
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,32 @@ def test_tiny_builds_into_the_cache_as_an_hf_checkpoint(tiny, cache):
     assert info["preset"] == "tiny" and info["warm_start"]["steps"] > 0
     assert info["warm_start"]["final_loss"] < info["warm_start"]["first_loss"]
     assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".tmp-")]  # no half-built leftovers
+
+
+def test_tiny_is_built_at_the_pinned_isa_into_the_recorded_weights(tiny):
+    """The build process ran at AVX2 with every pin set, while this process runs torch at whatever
+    the host has (AVX-512 here): the weights are the recorded ones, bit for bit."""
+    info = json.loads((tiny / BUILD_INFO).read_text())
+    assert info["cpu_capability"] == BUILD_CAPABILITY and info["isa_pins"] == ISA_PINS
+    assert weights_mismatch(tiny) is None, weights_mismatch(tiny)
+
+
+def test_build_process_refuses_to_run_below_the_pinned_isa(tmp_path):
+    """A CPU without AVX2 runs ATen at DEFAULT: the build stops with a clear error instead of
+    making weights no other machine makes (ATEN_CPU_CAPABILITY=default stands in for that CPU)."""
+    import subprocess
+    import sys
+
+    from seer.model.build import preset_to_json, recipe_hash
+    from seer.model.presets import get_preset
+
+    p = get_preset("tiny-qwen3")
+    r = subprocess.run([sys.executable, "-c", "import sys; from seer.model.build import _main; sys.exit(_main(sys.argv[1:]))",
+                        str(tmp_path / "out"), recipe_hash(p), "--quiet"], input=preset_to_json(p), text=True,
+                       capture_output=True, env={**os.environ, **ISA_PINS, "ATEN_CPU_CAPABILITY": "default"}, timeout=300)
+    assert r.returncode == 3, r.stderr
+    assert "built with AVX2 kernels" in r.stderr and "runs at DEFAULT" in r.stderr and "checkpoint directory" in r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_tiny_loads_with_auto_classes_and_generates(tiny):
@@ -69,6 +96,7 @@ def test_untrained_family_presets_build_in_seconds(preset, model_type, cache):
     assert config["model_type"] == model_type and config["head_dim"] == 32
     assert json.loads((path / BUILD_INFO).read_text())["warm_start"] is None
     assert AutoTokenizer.from_pretrained(path).eos_token_id == config["eos_token_id"]
+    assert weights_mismatch(path) is None, weights_mismatch(path)  # their init is pinned too
     if model_type == "llama":
         assert config["rope_parameters"]["rope_type"] == "llama3"
     if model_type != "qwen3_moe":  # the trainer's families (Qwen3-MoE comes with the MoE work)

@@ -81,3 +81,25 @@ def test_recipe_hash_tracks_the_recipe():
     assert recipe_hash(tiny) == recipe_hash(get_preset("tiny"))
     assert recipe_hash(changed) != recipe_hash(tiny)
     assert recipe_hash(get_preset("default")) != recipe_hash(tiny)
+
+
+def test_recipe_hash_includes_the_isa_pins(monkeypatch):
+    """A cache built under other pins (or none: the host's ISA) is never reused as this build."""
+    from seer.model import build
+
+    tiny = get_preset("tiny")
+    pinned = recipe_hash(tiny)
+    monkeypatch.setattr(build, "ISA_PINS", {**build.ISA_PINS, "ATEN_CPU_CAPABILITY": "avx512"})
+    assert recipe_hash(tiny) != pinned
+    monkeypatch.setattr(build, "ISA_PINS", {})
+    assert recipe_hash(tiny) != pinned
+
+
+def test_every_preset_survives_the_trip_to_the_build_process():
+    """build_pinned sends the preset as JSON: each arrives equal, with the same recipe hash."""
+    from seer.model.build import preset_from_json, preset_to_json
+    from seer.model.presets import PRESETS
+
+    for p in PRESETS.values():
+        back = preset_from_json(preset_to_json(p))
+        assert back == p and recipe_hash(back) == recipe_hash(p), p.name
