@@ -215,7 +215,12 @@ def error_line(e: BaseException) -> str:
 def check_reward(value: Any) -> float | None:
     """An agent's return value as a reward: None (the task's reward decides) or what a reward function
     may return (seer.tasks.reward.as_reward: a finite real number of any numeric type, not a bool)."""
-    return None if value is None else as_reward(value, "the agent")
+    if value is None:
+        return None
+    try:
+        return as_reward(value, "the agent")
+    except TypeError as e:
+        raise TypeError(f"{e}; or None (the task's reward decides)") from None
 
 
 async def call_agent(fn: Callable[..., Any], kwargs: dict, client: Any = None) -> tuple[float | None, str | None]:

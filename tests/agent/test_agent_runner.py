@@ -103,7 +103,7 @@ def test_a_function_agent_that_crashes_hangs_exits_or_dies_costs_only_its_own_se
     assert (out["leave_tree"].reward, out["leave_tree"].error) == (1.0, None)
     expected = {"crash": "RuntimeError: the agent broke", "exit": "SystemExit: 3", "interrupt": "KeyboardInterrupt",
                 "hang": "agent.timeout_s (3 s)", "block": "agent.timeout_s (3 s)", "tree": "agent.timeout_s (3 s)",
-                "die": "exited with status 9", "junk": "expected a finite number or None"}
+                "die": "exited with status 9", "junk": "expected a finite real number"}
     for sid, words in expected.items():
         assert out[sid].reward == 0.0 and words in (out[sid].error or ""), (sid, out[sid])
     for sid in ("hang", "block", "tree"):
@@ -133,7 +133,7 @@ def test_in_loop_mode_a_raising_exiting_or_hanging_agent_costs_only_its_own_sess
     out = asyncio.run(run_all(runner, sessions))
     assert (out["ok"].reward, out["ok"].error) == (0.5, None)
     for sid, words in {"crash": "RuntimeError", "exit": "SystemExit", "interrupt": "KeyboardInterrupt",
-                       "hang": "agent.timeout_s (1 s)", "junk": "expected a finite number"}.items():
+                       "hang": "agent.timeout_s (1 s)", "junk": "expected a finite real number"}.items():
         assert out[sid].reward == 0.0 and words in out[sid].error, (sid, out[sid])
 
 
