@@ -1,0 +1,69 @@
+"""A driver as seer-run is one, for the /proc test: `python -m tests.agent.proc_driver OUT_DIR`.
+
+Started by the test with secrets in its exec environment (the user's shell's), it protects itself as
+seer-run's main does, launches the draft server with a fresh run secret (seer.dgds: a real
+GuardedProcess handed its secret on a pipe), listens on a loopback port (the gateway's stand-in)
+and runs the probe agent (tests.agent.proc_probe) once as a function agent and once as a command
+agent, each in the agent host's contained processes. Writes OUT_DIR/driver.json: its pid, the run
+secret, the draft server's processes and each session's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from seer.dgds.server.config import DGDSConfig
+from seer.dgds.server.service import DGDSService
+from seer.procs.contain import protect
+from seer.procs.process import _children
+from seer.rollout.agents import AgentRunner, AgentSession, AgentSpec
+
+
+def serve_pongs(sock: socket.socket) -> None:
+    while True:
+        conn, _ = sock.accept()
+        with conn:
+            if conn.recv(5) == b"ping\n":
+                conn.sendall(b"pong\n")
+
+
+def tree(pid: int) -> list[int]:
+    out = [pid]
+    for child in _children(pid):
+        out += tree(child)
+    return out
+
+
+async def run_agents(out: Path, port: int) -> dict:
+    results = {}
+    for kind, target in (("function", "tests.agent.proc_probe:agent"),
+                         ("command", f"{sys.executable} -m tests.agent.proc_probe")):
+        runner = AgentRunner(AgentSpec.parse(target, 120.0), 2, log_dir=out / f"{kind}-logs")
+        try:
+            o = await runner.run(AgentSession(kind, "http://127.0.0.1:9/v1", f"key-{kind}",
+                                              {"out": str(out / f"{kind}.json"), "port": port}, "m"))
+        finally:
+            await runner.close()
+        results[kind] = {"reward": o.reward, "error": o.error}
+    return results
+
+
+def main(out: Path) -> None:
+    protect()  # what seer-run's main does first
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=serve_pongs, args=(listener,), daemon=True).start()
+    with DGDSService.start(DGDSConfig(enabled=True, host="127.0.0.1", ready_timeout_s=120), out) as dgds:
+        sessions = asyncio.run(run_agents(out, listener.getsockname()[1]))
+        (out / "driver.json").write_text(json.dumps({
+            "pid": os.getpid(), "dgds_token": dgds._token, "dgds_pids": tree(dgds.process.proc.pid),
+            "sessions": sessions}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
