@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -54,22 +55,37 @@ def _route(pid: int, route: str) -> bytes:
         return f.read()
 
 
-def probe(port: int | None) -> dict:
-    me = os.getpid()
+def read_all(pids: list[int], routes: tuple[str, ...] = ROUTES) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Each route of each pid: {pid: {route: "read" or the errno's name}}, and every text read."""
     answers: dict[str, dict[str, str]] = {}
     got: list[str] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        answers[name] = {}
-        for route in ROUTES:
+    for pid in pids:
+        answers[str(pid)] = {}
+        for route in routes:
             try:
-                data = _route(int(name), route)
+                data = _route(pid, route)
             except OSError as e:
-                answers[name][route] = errno.errorcode.get(e.errno or 0, str(e.errno))
+                answers[str(pid)][route] = errno.errorcode.get(e.errno or 0, str(e.errno))
                 continue
-            answers[name][route] = "read"
+            answers[str(pid)][route] = "read"
             got.append(data.decode("latin-1"))
+    return answers, got
+
+
+def as_an_agent(pids: list[int]) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """`read_all(pids)` from a process contained as an agent's is (seer.procs.contain.contain_agent)."""
+    code = ("import json, sys\nfrom seer.procs.contain import contain_agent\nfrom tests.agent.proc_probe import read_all\n"
+            "contain_agent()\nprint(json.dumps(read_all([int(p) for p in sys.argv[1:]])))")
+    done = subprocess.run([sys.executable, "-c", code, *map(str, pids)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"the probe failed: {done.stderr[-2000:]}")
+    answers, got = json.loads(done.stdout)
+    return answers, got
+
+
+def probe(port: int | None) -> dict:
+    me = os.getpid()
+    answers, got = read_all([int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me])
     own = {"proc_environ": Path("/proc/self/environ").read_bytes().decode("latin-1"),
            "os_environ": json.dumps(dict(os.environ))}
     # what an agent needs: its own files, a temporary file, the gateway over loopback
