@@ -9,8 +9,11 @@ makes itself non-dumpable (`protect`), and an agent process drops every capabili
 (`contain_agent`): as root that is what keeps it from reading those processes anyway. For a
 non-root user the first alone suffices (an agent has no capability to drop).
 
-What this does not do: an agent still runs as the run's user, so it reads whatever that user's
-files and dumpable processes hold (a shell that exported a secret; docs/agents.md says what).
+An agent still runs as the run's user, so it could read that user's files: Ray's token among them
+(with it, code in any Ray worker, the trainer's included). Where it may (root), the agent host gets
+its own mount namespace with those paths covered (`hidden_paths`: Seer's own Ray's temporary
+directory, or a joined cluster's token file), so an agent finds them empty. What an agent can still
+read is in docs/agents.md ("Keys and secrets").
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPSET = {"x86_64": 126, "aarch64": 91, "ppc64le": 184, "s390x": 185}
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
+HIDE_ENV = "SEER_AGENT_HIDE"  # the paths `hidden_paths` named, from the driver to the agent host
 
 
 class ContainError(RuntimeError):
@@ -45,6 +51,7 @@ class Containment:
     no_new_privs: bool
     bounding_set_dropped: bool
     effective_caps: int  # CapEff after the drop: always 0, or ContainError was raised
+    hidden: tuple[str, ...] = ()  # the paths covered in its own mount namespace
 
 
 def _libc() -> ctypes.CDLL:
@@ -84,15 +91,49 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def contain_agent() -> Containment:
+def hidden_paths(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """What an agent must not read although the run's user may: Ray's token (RAY_AUTH_TOKEN_PATH), and
+    when it is Seer's own Ray's (seer.fleet.ray_cluster), that Ray's whole temporary directory (its
+    sockets too)."""
+    environ = os.environ if environ is None else environ
+    token = environ.get("RAY_AUTH_TOKEN_PATH")
+    if not token:
+        return ()
+    parent = os.path.dirname(os.path.abspath(token))
+    return (parent,) if os.path.basename(parent).startswith("seer-ray-") else (os.path.abspath(token),)
+
+
+def _hide(libc: ctypes.CDLL, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """Cover `paths` in a mount namespace of this process's own (an empty, unreadable tmpfs over a
+    directory, /dev/null over a file). Needs CAP_SYS_ADMIN; () without it."""
+    paths = tuple(p for p in paths if os.path.lexists(p))
+    if not paths or libc.unshare(_CLONE_NEWNS) != 0:
+        return ()
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:  # nothing propagates back out
+        raise ContainError(f"making the agent's mounts private failed: {os.strerror(ctypes.get_errno())}")
+    for path in paths:
+        target = path.encode()
+        if os.path.isdir(path):
+            ok = libc.mount(b"tmpfs", target, b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                            b"size=4k,mode=000") == 0
+        else:
+            ok = libc.mount(b"/dev/null", target, None, _MS_BIND, None) == 0
+        if not ok:
+            raise ContainError(f"hiding {path} from agents failed: {os.strerror(ctypes.get_errno())}")
+    return paths
+
+
+def contain_agent(hide: tuple[str, ...] = ()) -> Containment:
     """In an agent's process (the agent host, before it imports the agent; every session is its fork):
-    non-dumpable, no new privileges on exec, and no capability, effective, permitted, inheritable,
-    ambient or in the bounding set, so neither it nor anything it execs can read a Seer process
-    through /proc or ptrace. Raises ContainError if a capability survives (Linux only)."""
+    `hide` covered (where it may: `_hide`), non-dumpable, no new privileges on exec, and no
+    capability, effective, permitted, inheritable, ambient or in the bounding set, so neither it nor
+    anything it execs can read a Seer process through /proc or ptrace, or uncover what was hidden.
+    Raises ContainError if a capability survives (Linux only)."""
     if not sys.platform.startswith("linux"):
         return Containment(False, False, False, 0)
     libc = _libc()
     non_dumpable = libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    hidden = _hide(libc, hide)
     # While it still may (CAP_SETPCAP): lock root out of regaining capabilities on exec.
     libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)
     dropped = True
@@ -115,4 +156,4 @@ def contain_agent() -> Containment:
         raise ContainError(f"PR_SET_NO_NEW_PRIVS failed: {os.strerror(ctypes.get_errno())}")
     # Without PR_CAPBSET_DROP (no CAP_SETPCAP in a container) NO_NEW_PRIVS still keeps an exec from
     # gaining capabilities: the kernel caps an exec's permitted set at the old (empty) one.
-    return Containment(non_dumpable, no_new_privs, dropped and _status_caps("CapBnd") == 0, 0)
+    return Containment(non_dumpable, no_new_privs, dropped and _status_caps("CapBnd") == 0, 0, hidden)

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from seer.procs.contain import contain_agent
+from seer.procs.contain import HIDE_ENV, contain_agent
 from seer.procs.pdeathsig import set_parent_death_signal
 
 HEADER = struct.Struct(">I")
@@ -329,7 +329,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in ("function", "command"):
         print("usage: python -m seer.rollout.agent_host DRIVER_PID function|command TARGET", file=sys.stderr)
         return 2
-    contain_agent()  # before any agent code runs here or in a session forked from here (seer.procs.contain)
+    # before any agent code runs here or in a session forked from here (seer.procs.contain)
+    print(contain_agent(tuple(p for p in os.environ.pop(HIDE_ENV, "").split(os.pathsep) if p)), file=sys.stderr)
     return Host(int(argv[0]), argv[1], argv[2]).run()
 
 

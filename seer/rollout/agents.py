@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
+from seer.procs.contain import HIDE_ENV, hidden_paths
 from seer.procs.environment import agent_inherited
 from seer.rollout.agent_host import (HTTP_CLIENT_KEYWORD, HTTP_TIMEOUT_S, call_agent, error_line, frame, http_client,
                                      read_frames)
@@ -399,6 +400,7 @@ class _Host:
     def __init__(self, spec: AgentSpec, log: Path) -> None:
         env = agent_inherited(spec.inherit_env)
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
+        env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # Ray's token, out of the agents' sight (seer.procs.contain)
         if spec.kind == "function":  # the host imports the agent from where the driver resolved it
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.log = log

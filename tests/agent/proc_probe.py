@@ -83,9 +83,15 @@ def as_an_agent(pids: list[int]) -> tuple[dict[str, dict[str, str]], list[str]]:
     return answers, got
 
 
-def probe(port: int | None) -> dict:
+def probe(port: int | None, files: list[str] = ()) -> dict:
     me = os.getpid()
     answers, got = read_all([int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me])
+    for path in files:  # files of the run's user it knows the names of (Ray's token)
+        try:
+            got.append(Path(path).read_bytes().decode("latin-1"))
+            answers[path] = {"read": "read"}
+        except OSError as e:
+            answers[path] = {"read": errno.errorcode.get(e.errno or 0, str(e.errno))}
     own = {"proc_environ": Path("/proc/self/environ").read_bytes().decode("latin-1"),
            "os_environ": json.dumps(dict(os.environ))}
     # what an agent needs: its own files, a temporary file, the gateway over loopback
@@ -105,13 +111,13 @@ def probe(port: int | None) -> dict:
 
 
 async def agent(base_url: str, api_key: str, session_id: str, record: dict) -> float:
-    Path(record["out"]).write_text(json.dumps(probe(record.get("port"))))
+    Path(record["out"]).write_text(json.dumps(probe(record.get("port"), record.get("files", []))))
     return 1.0
 
 
 def main() -> None:
     record = json.loads(os.environ["SEER_RECORD"])
-    Path(record["out"]).write_text(json.dumps(probe(record.get("port"))))
+    Path(record["out"]).write_text(json.dumps(probe(record.get("port"), record.get("files", []))))
     Path(os.environ["SEER_REWARD_FILE"]).write_text("1.0\n")
 
 

@@ -2,8 +2,8 @@
 
 A driver as seer-run is one (tests.agent.proc_driver) starts with a marker and a WANDB_API_KEY in its
 exec environment, as a user's shell would hand them, launches the draft server with a run secret and
-runs an agent that tries every /proc route to every process it can see (tests.agent.proc_probe), as
-a function agent and as a command agent. Monkeypatched variables never reach /proc, so the secrets
+runs an agent that tries every /proc route to every process it can see (tests.agent.proc_probe), and
+reads Ray's token file, as a function agent and as a command agent. Monkeypatched variables never reach /proc, so the secrets
 here are in real exec environments and real memory.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 REFUSED = {"EACCES", "EPERM"}
 
 
-def test_an_agent_reads_no_secret_of_the_driver_or_the_draft_server_through_proc(tmp_path: Path):
+def test_an_agent_reads_no_secret_of_the_driver_or_the_draft_server_through_proc_nor_rays_token(tmp_path: Path):
     marker, wandb = f"marker-{secrets.token_hex(16)}", f"wandb-{secrets.token_hex(16)}"
     env = {**os.environ, "SEER_TEST_DRIVER_MARKER": marker, "WANDB_API_KEY": wandb}
     done = subprocess.run([sys.executable, "-m", "tests.agent.proc_driver", str(tmp_path)], env=env,
@@ -43,9 +43,11 @@ def test_an_agent_reads_no_secret_of_the_driver_or_the_draft_server_through_proc
             assert routes is not None, f"the agent did not see process {pid}"
             for route in ("environ", "mem", "maps", "fd", "auxv"):
                 assert routes[route] in REFUSED, (kind, pid, route, routes)
+        # Ray's token: a file of the run's user, hidden from agents (their own mount namespace)
+        assert answers[driver["ray_token_path"]]["read"] in REFUSED | {"ENOENT"}, answers[driver["ray_token_path"]]
         everything = "\n".join([*report["got"], *report["own"].values()])
-        found = [name for name, value in (("driver marker", marker), ("WANDB_API_KEY", wandb), ("DGDS token", token))
-                 if value in everything]
+        found = [name for name, value in (("driver marker", marker), ("WANDB_API_KEY", wandb), ("DGDS token", token),
+                                          ("Ray's token", driver["ray_token"])) if value in everything]
         assert not found, f"the {kind} agent read {found} through /proc or its environment"
 
 
