@@ -109,6 +109,7 @@ def _hide(libc: ctypes.CDLL, paths: tuple[str, ...]) -> tuple[str, ...]:
     paths = tuple(p for p in paths if os.path.lexists(p))
     if not paths or libc.unshare(_CLONE_NEWNS) != 0:
         return ()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:  # nothing propagates back out
         raise ContainError(f"making the agent's mounts private failed: {os.strerror(ctypes.get_errno())}")
     for path in paths:

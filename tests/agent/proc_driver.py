@@ -27,6 +27,7 @@ from seer.dgds.server.service import DGDSService
 from seer.procs.contain import protect
 from seer.procs.process import _children
 from seer.rollout.agents import AgentRunner, AgentSession, AgentSpec
+from tests.agent.proc_probe import holders
 
 
 def serve_pongs(sock: socket.socket) -> None:
@@ -72,6 +73,7 @@ def main(out: Path) -> None:
             sessions = asyncio.run(run_agents(out, listener.getsockname()[1], [str(token)]))
             (out / "driver.json").write_text(json.dumps({
                 "pid": os.getpid(), "dgds_token": dgds._token, "dgds_pids": tree(dgds.process.proc.pid),
+                "dgds_holders": holders(tree(dgds.process.proc.pid)),
                 "ray_token": token.read_text(), "ray_token_path": str(token), "sessions": sessions}))
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)

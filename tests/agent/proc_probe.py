@@ -72,6 +72,20 @@ def read_all(pids: list[int], routes: tuple[str, ...] = ROUTES) -> tuple[dict[st
     return answers, got
 
 
+def holders(pids: list[int]) -> list[int]:
+    """Those of `pids` that hold a run secret: not a guard or its sentinel, not multiprocessing's
+    resource tracker, not Mooncake's processes (none is given one); what Seer makes non-dumpable."""
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if not any(x in cmd for x in (b"seer.procs.guard", b"resource_tracker", b"mooncake")):
+            out.append(pid)
+    return out
+
+
 def as_an_agent(pids: list[int]) -> tuple[dict[str, dict[str, str]], list[str]]:
     """`read_all(pids)` from a process contained as an agent's is (seer.procs.contain.contain_agent)."""
     code = ("import json, sys\nfrom seer.procs.contain import contain_agent\nfrom tests.agent.proc_probe import read_all\n"

@@ -38,7 +38,8 @@ def test_an_agent_reads_no_secret_of_the_driver_or_the_draft_server_through_proc
         assert answers[str(driver["pid"])]["cmdline"] == "read", answers.get(str(driver["pid"]))
         assert "PATH=" in report["own"]["proc_environ"] and (kind == "function") != ("SEER_SESSION_ID=" in report["own"]["proc_environ"])
         # ... and nothing of the driver's or the draft server's beyond that
-        for pid in (driver["pid"], *driver["dgds_pids"]):
+        assert len(driver["dgds_holders"]) == 1, driver  # the server (the launcher running seer.dgds.server.cli)
+        for pid in (driver["pid"], *driver["dgds_holders"]):
             routes = answers.get(str(pid))
             assert routes is not None, f"the agent did not see process {pid}"
             for route in ("environ", "mem", "maps", "fd", "auxv"):
