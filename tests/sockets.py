@@ -104,12 +104,18 @@ _SECRET_BYTES = re.compile(rb"\x2b\x00{7}.{8}([A-Za-z0-9_-]{43})\x00", re.DOTALL
 def instance_secret(guard: int) -> str | None:
     """The run's instance secret, read where the server a guard runs holds it: its memory, in
     `os.environ` (root's privilege: /proc/<pid>/environ never shows it, seer.procs.secret_launch),
-    confirmed by a 200 from the server's /metrics. None when no candidate opens it."""
+    confirmed by a 200 from the server's /metrics. None while it does not serve, or when no
+    candidate opens it."""
     import urllib.error
     import urllib.request
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
-    url = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}/metrics"
+    base = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}"
+    url = base + "/metrics"
+    try:  # not serving yet: no scan (seconds of CPU) for nothing
+        urllib.request.urlopen(base + "/health", timeout=5).close()
+    except OSError:
+        return None
     for pid in server_groups(guard):
         for candidate in _memory_candidates(pid):
             req = urllib.request.Request(url, headers={"Authorization": f"Bearer {candidate}"})
