@@ -32,6 +32,11 @@ def _raise_interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from seer.procs.contain import protect
+
+    # The shell's environment (WANDB_API_KEY, a cloud token) stays in /proc/<pid>/environ for the
+    # process's life: non-dumpable, only a process with CAP_SYS_PTRACE reads it (agents have none).
+    protect()
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
     if not args.sync and not args.print_config:

@@ -261,7 +261,8 @@ def test_every_listener_of_a_run_is_where_the_readme_table_says(whole_run):
 
 def test_a_secret_in_seer_runs_environment_never_reaches_the_vllm_processes(whole_run):
     """Nor any other process the run starts (Ray's, the trainer ranks, Mooncake's, the DGDS server):
-    each inherits only the allow-listed part of the driver's environment (seer.procs.environment)."""
+    each inherits only the allow-listed part of the driver's environment (seer.procs.environment), and
+    the run's own secrets are in none of their exec environments."""
     services = _services(whole_run)
     environs = {}
     for p in services:
@@ -271,7 +272,8 @@ def test_a_secret_in_seer_runs_environment_never_reaches_the_vllm_processes(whol
             continue
     vllm = [p for p in environs if services[p] == "vllm"]
     assert len(vllm) >= 3, [(p, _cmd(p)[:80]) for p in vllm]  # API server, engine core, its worker
-    assert all(b"VLLM_API_KEY=" in environs[p] for p in vllm)  # the instance's own secret: it reads that one
+    # the instance's own secret reaches it on a pipe, into os.environ only (seer.procs.secret_launch)
+    assert not [p for p in vllm if b"VLLM_API_KEY=" in environs[p] or b"SEER_DGDS_TOKEN=" in environs[p]]
     assert SECRET.encode() in environs[whole_run.pid]  # it was there to leak
     leaked = [p for p, e in environs.items() if SECRET.encode() in e and p != whole_run.pid]
     assert not [p for p in leaked if p in vllm], f"WANDB_API_KEY of seer-run reached {[_cmd(p)[:80] for p in leaked]}"

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from failure_record import bound, record
-from tests.sockets import guards, server_groups
+from tests.sockets import guards, instance_secret, server_groups
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -65,17 +65,20 @@ def _moves_from_pool(trace: dict) -> tuple[int, int]:
     return len(moved), sum(c["prefix_cached"] > prompt[c["request"], c["chunk"] - 1] for c in moved)
 
 
+_SECRETS: dict[int, str | None] = {}
+
+
 def _running(guard: int) -> int:
     """Requests the guard's vLLM server is running now (its /metrics)."""
     from seer.procs.vllm_metrics import telemetry_from_metrics
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
     host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
-    # the job's instances want its secret: read it where the server has it, in its environment
-    env = dict(kv.split("=", 1) for server in server_groups(guard)
-               for kv in Path(f"/proc/{server}/environ").read_bytes().decode().split("\0") if "=" in kv)
+    # the job's instances want its secret: read it where the server has it, in its memory
+    if _SECRETS.get(guard) is None:
+        _SECRETS[guard] = instance_secret(guard)
     req = urllib.request.Request(f"http://{host}:{port}/metrics",
-                                 headers={"Authorization": f"Bearer {env['VLLM_API_KEY']}"})
+                                 headers={"Authorization": f"Bearer {_SECRETS[guard]}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return telemetry_from_metrics("victim", r.read().decode()).num_running
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from seer.fleet import weights
 from seer.fleet.config import InstancesConfig
 from seer.procs import GuardedProcess, intel_openmp_library
-from seer.procs.environment import inherited
+from seer.procs.environment import RUN_SECRETS, inherited
 
 
 class InstanceStartError(RuntimeError):
@@ -40,8 +40,9 @@ class InstanceSpec:
     # "priority" (vLLM's priority scheduling) lets a policy that ranks its chunks
     # (scheduler.engine_priority) choose which a full engine preempts; the loop sets it with that option.
     scheduling_policy: str = "fcfs"
-    # The run's secret: every route but /health needs it (seer.fleet.auth). It travels in the
-    # server's environment, never on its command line; None leaves the server open (tests, benches).
+    # The run's secret: every route but /health needs it (seer.fleet.auth). It reaches the server's
+    # os.environ through a pipe (secrets()), never its exec environment or command line; None leaves
+    # the server open (tests, benches).
     token: str | None = field(default=None, repr=False)
 
     @property
@@ -72,8 +73,9 @@ class InstanceSpec:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """The server's whole environment: the allow-listed part of ours (seer.procs.environment:
-        no WANDB_API_KEY or other secret of the driver's), then the instance's own settings."""
+        """The server's whole exec environment: the allow-listed part of ours (seer.procs.environment:
+        no WANDB_API_KEY or other secret of the driver's), then the instance's own settings, without
+        a secret (those are `secrets()`)."""
         env = inherited()
         iomp = intel_openmp_library()
         if iomp and iomp not in env.get("LD_PRELOAD", ""):
@@ -85,12 +87,17 @@ class InstanceSpec:
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if self.weight_sync:
             env.update(weights.SERVER_ENV)
-        env.update(self.env)
-        if self.token:
-            env["VLLM_API_KEY"] = self.token  # vLLM's /v1 check and seer.fleet.auth's for the rest
-        else:
-            env.pop("VLLM_API_KEY", None)
+        env.update({k: v for k, v in self.env.items() if k not in RUN_SECRETS})
         return env
+
+    def secrets(self) -> dict[str, str]:
+        """What the server reads from os.environ but gets on a pipe (seer.procs.secret_launch): the
+        run's key (vLLM's /v1 check and seer.fleet.auth's for the rest) and the DGDS secret."""
+        out = {k: v for k, v in self.env.items() if k in RUN_SECRETS}
+        out.pop("VLLM_API_KEY", None)
+        if self.token:
+            out["VLLM_API_KEY"] = self.token
+        return out
 
 
 class VLLMServer(GuardedProcess):
@@ -99,5 +106,5 @@ class VLLMServer(GuardedProcess):
     def __init__(self, spec: InstanceSpec, log_path: Path):
         # The whole server, not only its OpenMP threads, stays on the instance's cores (CPU backend).
         super().__init__(spec.name, spec.command(), log_path, spec.environment(), inherit_env=False,
-                         cpus=spec.cpus if spec.gpus is None else None)
+                         cpus=spec.cpus if spec.gpus is None else None, secrets=spec.secrets())
         self.spec = spec

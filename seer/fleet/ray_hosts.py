@@ -27,6 +27,7 @@ from seer.kvpool.config import KVPoolConfig
 from seer.kvpool.connector import instance_settings
 from seer.kvpool.processes import PoolEndpoints, store_process
 from seer.procs import GuardedProcess, cpu_sets, free_port, remote_error_line
+from seer.procs.contain import protect
 from seer.procs.process import _children
 
 CALL_TIMEOUT_S = 30.0
@@ -36,6 +37,7 @@ class ProcessHost:
     """A Ray actor that runs one guarded process on its node (a vLLM server or a Mooncake store)."""
 
     def __init__(self):
+        protect()  # it holds the instances' secret (the spec's token): not readable through /proc
         self.proc: GuardedProcess | None = None
 
     def info(self) -> NodeInfo:

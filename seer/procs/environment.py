@@ -4,9 +4,10 @@
 cloud token), and a server's `/proc/<pid>/environ` is one more place to leak them. A vLLM server,
 the Mooncake and DGDS servers and a one-node Ray's head (so its workers) inherit only what their
 runtimes read: the process basics, Python's, the thread and BLAS runtimes' (OpenMP, MKL), vLLM's,
-torch's and the accelerators', Hugging Face's, gRPC's, Mooncake's and Seer's own `SEER_*`. What
-Seer itself hands a process (a secret, pool and DGDS settings, Ray's own `RAY_*`) is added by the
-caller on top.
+torch's and the accelerators', Hugging Face's, gRPC's, Mooncake's and Seer's own `SEER_*`, but
+never a run secret (`RUN_SECRETS`) even under those prefixes. What Seer itself hands a process (pool
+and DGDS settings, Ray's own `RAY_*`) is added by the caller on top; a secret it hands one travels on
+a pipe instead (seer.procs.GuardedProcess `secrets`), so no /proc/<pid>/environ ever shows it.
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ INHERITED_PREFIXES = (
     "SEER_",  # Seer's own plugins inside the server (seer.dgds.vllm, seer.compat)
 )
 
+# The run's secrets: the instances' key (vLLM's own variable) and the draft server's. A launched
+# process gets them only as GuardedProcess `secrets`, and an agent never.
+RUN_SECRETS = frozenset({"VLLM_API_KEY", "SEER_DGDS_TOKEN"})
+
 
 def inherited(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The part of `environ` (default: this process's) that a launched process may see."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k in INHERITED_NAMES or k.startswith(INHERITED_PREFIXES)}
+    return {k: v for k, v in environ.items()
+            if (k in INHERITED_NAMES or k.startswith(INHERITED_PREFIXES)) and k not in RUN_SECRETS}
 
 
 # A user's agent (seer.rollout.agents) is code Seer runs but does not own: it gets less than a
@@ -60,4 +66,5 @@ def agent_inherited(extra_names: tuple[str, ...] = (), environ: Mapping[str, str
     and the names the config lists (`extra_names`), nothing else."""
     environ = os.environ if environ is None else environ
     names = AGENT_INHERITED_NAMES | set(extra_names)
-    return {k: v for k, v in environ.items() if k in names or k.startswith(AGENT_INHERITED_PREFIXES)}
+    return {k: v for k, v in environ.items()
+            if (k in names or k.startswith(AGENT_INHERITED_PREFIXES)) and k not in RUN_SECRETS}

@@ -14,7 +14,10 @@ whole server it starts (API process, engine core, their threads), to those cores
 every thread stays on its own cores, so an idle instance is idle hardware, as on a cluster, and
 never lends its cores to a busy one.
 
-Usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] -- COMMAND...
+With `--pass-fd N` the command inherits the guard's descriptor N (a pipe of secrets for
+seer.procs.secret_launch), which the guard closes once the command has it.
+
+Usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] [--pass-fd N] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] -- COMMAND..."
+    usage = "usage: python -m seer.procs.guard PARENT_PID [--cpus LIST] [--pass-fd N] -- COMMAND..."
     cpus = None
     if len(argv) >= 3 and argv[1] == "--cpus":
         try:
@@ -103,6 +106,13 @@ def main(argv: list[str]) -> int:
             print(f"{e}\n{usage}", file=sys.stderr)
             return 2
         argv = argv[:1] + argv[3:]
+    fds: tuple[int, ...] = ()
+    if len(argv) >= 3 and argv[1] == "--pass-fd":
+        if not argv[2].isdigit():
+            print(usage, file=sys.stderr)
+            return 2
+        fds = (int(argv[2]),)
+        argv = argv[:1] + argv[3:]
     if len(argv) < 3 or argv[1] != "--":
         print(usage, file=sys.stderr)
         return 2
@@ -110,7 +120,9 @@ def main(argv: list[str]) -> int:
     set_parent_death_signal(signal.SIGTERM)
     if cpus is not None:
         os.sched_setaffinity(0, cpus)  # inherited by the server and everything it starts
-    proc = subprocess.Popen(argv[2:], start_new_session=True)
+    proc = subprocess.Popen(argv[2:], start_new_session=True, pass_fds=fds)
+    for fd in fds:
+        os.close(fd)
     guard_pid = os.getpid()
     if os.fork() == 0:
         _sentinel(proc.pid, guard_pid)

@@ -3,7 +3,9 @@
 Every long-lived helper process Seer starts (vLLM servers, mooncake_master and its store, the
 DGDS server, a one-node Ray's head) goes through this one class, so all of them die with the
 driver, even on SIGKILL. None inherits the driver's whole environment, only its allow-listed part
-(seer.procs.environment), so a secret of the driver's stays in the driver.
+(seer.procs.environment), so a secret of the driver's stays in the driver; a secret Seer hands a
+process (`secrets`) travels on a pipe (seer.procs.secret_launch), never in an environment or on a
+command line that /proc shows.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ import time
 from pathlib import Path
 
 from seer.procs.environment import inherited
+from seer.procs.secret_launch import secret_pipe
 
 
 class GuardedProcess:
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 inherit_env: bool = True, cpus: str | None = None):
+                 inherit_env: bool = True, cpus: str | None = None, secrets: dict[str, str] | None = None):
         """`env` on top of the allow-listed part of this process's environment (`inherit_env`, the
         default) or alone; `cpus`: pin the process and all its descendants to these cores
-        (seer.procs.guard --cpus)."""
+        (seer.procs.guard --cpus); `secrets`: variables the process finds in its `os.environ` but
+        not in its exec environment (a `python -m MODULE` command only; seer.procs.secret_launch)."""
+        if secrets and (len(command) < 3 or command[1] != "-m"):
+            raise ValueError(f"{name}: secrets reach only a `python -m MODULE` command, not {command[:2]}")
+        self.secrets = dict(secrets or {})
         self.name = name
         self.cpus = cpus
         self.command = command
@@ -38,12 +45,23 @@ class GuardedProcess:
         log = open(self.log_path, "ab")
         env = inherited() if self.inherit_env else {}
         env.update(self.env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seer.procs.guard", str(os.getpid()),
-             *(["--cpus", self.cpus] if self.cpus else []), "--", *self.command],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        log.close()
+        command, fds = self.command, ()
+        if self.secrets:
+            fd = secret_pipe(self.secrets)
+            fds = (fd,)
+            command = [command[0], "-m", "seer.procs.secret_launch", "--secret-fd", str(fd), *command[1:]]
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "seer.procs.guard", str(os.getpid()),
+                 *(["--cpus", self.cpus] if self.cpus else []), *(["--pass-fd", str(fds[0])] if fds else []),
+                 "--", *command],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                pass_fds=fds,
+            )
+        finally:
+            log.close()
+            for fd in fds:
+                os.close(fd)
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:

@@ -44,6 +44,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from seer.procs.contain import HIDE_ENV, contain_agent
 from seer.procs.pdeathsig import set_parent_death_signal
 from seer.tasks.reward import as_reward
 
@@ -462,9 +463,8 @@ class Host:
         else:
             os.closerange(3, chan)
             os.closerange(chan + 1, 1 << 20)
-        # ---- CONTAIN HOOK (issue 36 item 4): the one place a session's process drops what it may do
-        # (seer.procs.contain: capabilities, non-dumpable), after the fork and before any agent code.
-        # ----
+        # Contained already: the host dropped its capabilities before any agent code (main), and a
+        # session's process is its fork (seer.procs.contain).
         if self.kind == "command":
             env = dict(os.environ)
             env.update(msg["env"])
@@ -541,6 +541,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m seer.rollout.agent_host DRIVER_PID function|command TARGET [warm|cold]",
               file=sys.stderr)
         return 2
+    # before any agent code runs here or in a session forked from here (seer.procs.contain)
+    print(contain_agent(tuple(p for p in os.environ.pop(HIDE_ENV, "").split(os.pathsep) if p)), file=sys.stderr)
     return Host(int(argv[0]), argv[1], argv[2], warm=argv[3:] != ["cold"]).run()
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seer.plugins import PluginError, check_arguments, resolve
+from seer.procs.contain import HIDE_ENV, contained_argv, hidden_paths
 from seer.procs.environment import agent_inherited
 from seer.rollout.agent_host import (HTTP_CLIENT_KEYWORD, HTTP_TIMEOUT_S, MAX_DRIVER_FRAME_BYTES, MAX_HOST_FRAME_BYTES,
                                      MAX_ID_BYTES, RESULT_SHAPE, FrameError, FrameReader, bound_text, call_agent,
@@ -504,6 +505,7 @@ class _Host:
     def __init__(self, spec: AgentSpec, log: Path, warm: bool = True) -> None:
         env = agent_inherited(spec.inherit_env)
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
+        env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # Ray's token, out of the agents' sight (seer.procs.contain)
         if spec.kind == "function":  # the host imports the agent from where the driver resolved it
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.log = log
@@ -697,11 +699,12 @@ class _Server:
         env = agent_inherited(spec.inherit_env)
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
         env["SEER_SERVE"] = "1"
+        env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # as for the agent host: Ray's token out of sight
         self.log = log
         self.sock, theirs = socket.socketpair()
         try:
             with open(log, "ab") as err:
-                self.proc = subprocess.Popen(spec.argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err,
+                self.proc = subprocess.Popen(contained_argv(list(spec.argv)), stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err,
                                              env=env, start_new_session=True)
         except BaseException:
             self.sock.close()

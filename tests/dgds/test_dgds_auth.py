@@ -129,7 +129,8 @@ def test_cli_takes_the_secret_from_env_or_file_and_refuses_to_start_without_one(
         _stop(proc)
 
 
-def test_launched_server_gets_a_fresh_secret_in_its_environment_only(tmp_path: Path, monkeypatch):
+def test_launched_server_gets_a_fresh_secret_on_a_pipe_not_in_an_exec_environment_or_command_line(tmp_path: Path,
+                                                                                                  monkeypatch):
     import psutil  # a declared dependency (pyproject.toml): its absence is a failure, not a skip
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -139,8 +140,10 @@ def test_launched_server_gets_a_fresh_secret_in_its_environment_only(tmp_path: P
         assert token and len(token) >= 40 and token != other._token  # token_urlsafe(32), one per run
         guard = psutil.Process(svc.process.proc.pid)
         procs = [guard, *guard.children(recursive=True)]
-        for p in procs:
+        assert len(procs) >= 3  # the guard, its sentinel and the server
+        for p in procs:  # read as root: what /proc shows of each (seer.procs.secret_launch)
             assert token not in " ".join(p.cmdline())
+            assert token not in " ".join(p.environ().values()) and TOKEN_ENV not in p.environ()
         port = int(svc.address.rsplit(":", 1)[1])
         listening = {(c.laddr.ip, c.laddr.port) for p in procs for c in p.net_connections(kind="tcp")
                      if c.status == psutil.CONN_LISTEN}

@@ -92,6 +92,28 @@ def test_proposer_drafts_are_accepted_by_vllm(modes, dgds_vllm):
     assert "proposer step failed" not in log
 
 
+def test_the_instance_keeps_the_draft_servers_secret_out_of_proc(dgds_vllm):
+    """The instance got SEER_DGDS_TOKEN on a pipe (seer.procs.secret_launch; its proposer uses it:
+    test_proposer_drafts_are_accepted_by_vllm): no process of its tree (guard, launcher, engine core,
+    workers, multiprocessing's resource tracker) has it in its exec environment or command line, read
+    as root, and an agent's process reads neither the environment nor the memory of any of them."""
+    from tests.agent.proc_probe import as_an_agent, holders, read_all
+    from tests.sockets import process_tree
+
+    pids = process_tree(dgds_vllm.pool.servers[0].proc.pid)
+    assert len(pids) >= 4, pids  # the guard, its sentinel, the API server and its engine core at least
+    token = dgds_vllm.token
+    answers, got = read_all(pids, ("environ", "cmdline"))  # as root, with every capability
+    assert all(a["environ"] == a["cmdline"] == "read" for a in answers.values()), answers
+    assert not [t for t in got if token in t], "the draft server's secret is in a process's exec environment or cmdline"
+    answers, got = as_an_agent(pids)
+    assert not [t for t in got if token in t]
+    secret_holders = holders(pids)  # the API server, its engine core and worker
+    assert len(secret_holders) >= 3, secret_holders
+    assert all(answers[str(p)]["environ"] in ("EACCES", "EPERM") and answers[str(p)]["mem"] in ("EACCES", "EPERM")
+               for p in secret_holders), answers
+
+
 def test_group_drafts_beat_per_request_drafts(modes):
     solo = modes["solo"][1].mean_acceptance_length
     group = modes["group"][1].mean_acceptance_length

@@ -48,15 +48,19 @@ def test_the_token_comes_from_the_environment_and_is_required(monkeypatch):
         _app(None).get("/health")
 
 
-def test_the_launch_record_keeps_the_token_off_the_command_line():
+def test_the_launch_record_keeps_the_token_off_the_command_line_and_out_of_the_exec_environment(monkeypatch):
     from seer.fleet.instance import InstanceSpec
 
     spec = InstanceSpec("i", "/m", 1234, token="s3cret", env={"SEER_DGDS_TOKEN": "dgds-s3cret"})
     assert "dgds-s3cret" not in repr(spec) and "dgds-s3cret" not in " ".join(spec.command())
     assert "s3cret" not in " ".join(spec.command()) and "s3cret" not in repr(spec)
     assert "seer.fleet.auth.RunTokenMiddleware" in spec.command()
-    assert spec.environment()["VLLM_API_KEY"] == "s3cret"
+    # the secrets go on a pipe (seer.procs.secret_launch), not in what /proc/<pid>/environ shows
+    assert spec.secrets() == {"VLLM_API_KEY": "s3cret", "SEER_DGDS_TOKEN": "dgds-s3cret"}
+    assert not {"VLLM_API_KEY", "SEER_DGDS_TOKEN"} & set(spec.environment())
+    monkeypatch.setenv("VLLM_API_KEY", "drivers-own")  # an attached fleet's key in seer-run's environment
     assert "VLLM_API_KEY" not in InstanceSpec("i", "/m", 1234).environment()
+    assert InstanceSpec("i", "/m", 1234).secrets() == {}
 
 
 def test_a_server_inherits_only_the_allow_listed_environment(monkeypatch):
@@ -72,4 +76,4 @@ def test_a_server_inherits_only_the_allow_listed_environment(monkeypatch):
     assert not {"WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "RAY_AUTH_TOKEN_PATH"} & set(env)
     assert {"PATH", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE", "SEER_DGDS_PURE_PYTHON", "LC_ALL", "PYTHONPATH",
             "MC_LOG_LEVEL"} <= set(env)
-    assert env["SEER_DGDS_TOKEN"] == "d" and env["VLLM_API_KEY"] == "s3cret"  # what Seer hands it on top
+    assert "SEER_DGDS_TOKEN" not in env and "VLLM_API_KEY" not in env  # handed on a pipe instead

@@ -111,6 +111,18 @@ async def _nothing_open_to_strangers(fleet) -> None:
     pids = [p for srv in (*fleet.pool.servers, *fleet.kv.stores) for p in process_tree(srv.pids()[0])]
     pids += process_tree(fleet.kv.master.proc.pid)
     assert not any(token.encode() in c for c in command_lines(pids))
+    # nor in what /proc shows of any process's environment (the secret reached each on a pipe:
+    # seer.procs.secret_launch), and an agent's process reads no environment or memory of any of them
+    from tests.agent.proc_probe import as_an_agent, holders, read_all
+
+    _, environments = read_all(pids, ("environ",))
+    assert len(environments) == len(pids) and not [e for e in environments if token in e]
+    answers, got = as_an_agent(pids)
+    assert not [t for t in got if token in t]
+    secret_holders = holders(pids)  # each instance's API server, engine core and worker
+    assert len(secret_holders) >= 3 * len(fleet.pool.servers), secret_holders
+    assert all(answers[str(p)]["environ"] in ("EACCES", "EPERM") and answers[str(p)]["mem"] in ("EACCES", "EPERM")
+               for p in secret_holders), answers
     addresses = listening(pids)
     assert addresses, "found no listening socket at all: the check itself is broken"
     wildcard = {a for a in addresses if a[0] in ("0.0.0.0", "::")}

@@ -59,19 +59,23 @@ def _node_processes(cluster, node) -> list[int]:
     return sorted(set(out))
 
 
-def _env(guard: int, name: str) -> set[str]:
-    """`name` in the environment of the server a guard runs (empty when it is not readable)."""
-    from tests.sockets import server_groups
+_SECRETS: dict[int, str] = {}
 
-    out = set()
-    for pid in server_groups(guard):
+
+def _secret(guard: int) -> set[str]:
+    """The instance secret the server a guard runs holds (read in its memory: tests.sockets.instance_secret;
+    its /proc/<pid>/environ never shows it), once found; empty while it is not."""
+    from tests.sockets import instance_secret
+
+    if guard not in _SECRETS:
         try:
-            for kv in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"):
-                if kv.startswith(name + "="):
-                    out.add(kv.split("=", 1)[1])
-        except OSError:
-            pass
-    return out
+            found = instance_secret(guard)
+        except (OSError, ValueError):  # exited, or not serving yet
+            found = None
+        if found is None:
+            return set()
+        _SECRETS[guard] = found
+    return {_SECRETS[guard]}
 
 
 def _alive(pid: int) -> bool:
@@ -134,7 +138,7 @@ def two_rank_run(ray_two_nodes, tiny_model, tmp_path_factory) -> Run:
                     if host:
                         stores[host.group(1)] = node.ip
                 for guard in [g for pid in node.session_pids() for g in guards(pid, "vllm.entrypoints")]:
-                    secrets.update(_env(guard, "VLLM_API_KEY"))
+                    secrets.update(_secret(guard))
             time.sleep(0.5)
         assert job.poll() is not None, "the run did not finish within 1000 s"
         run = _finished(job, log, run_dir, timeout_s=1)
@@ -256,7 +260,7 @@ def _running(guard: int) -> int:
 
     argv = Path(f"/proc/{guard}/cmdline").read_bytes().decode().split("\0")
     host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
-    [token] = _env(guard, "VLLM_API_KEY")
+    [token] = _secret(guard)
     req = urllib.request.Request(f"http://{host}:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return telemetry_from_metrics("victim", r.read().decode()).num_running

@@ -5,8 +5,8 @@ Off by default: on one CPU core the extra verification work costs more than acce
 seer.compat.vllm_cpu_fixes), so turning it on never changes what the policy would have produced.
 
 Each launched server gets a fresh secret (``secrets.token_urlsafe(32)``), handed to it and to every
-instance in the environment (``SEER_DGDS_TOKEN``), never on a command line, in a log or in
-config.yaml; a joined server (``dgds.address``) is called with ``SEER_DGDS_TOKEN`` from seer-run's
+instance as ``SEER_DGDS_TOKEN`` on a pipe into its ``os.environ`` (seer.procs.secret_launch), never
+in an exec environment, on a command line, in a log or in config.yaml; a joined server (``dgds.address``) is called with ``SEER_DGDS_TOKEN`` from seer-run's
 own environment.
 """
 
@@ -67,7 +67,7 @@ class DGDSService:
         self.config = config
         self.address = address
         self.process = process
-        self._token = token  # the run's secret: only ever passed on in environments
+        self._token = token  # the run's secret: only ever passed on through a pipe (seer.procs.secret_launch)
 
     @classmethod
     def start(cls, config: DGDSConfig, log_dir: str | Path) -> DGDSService:
@@ -86,7 +86,7 @@ class DGDSService:
             [sys.executable, "-m", "seer.dgds.server.cli", "serve", "--host", config.host, "--port", str(port),
              "--max-depth", str(config.max_depth), "--log-level", "WARNING"],
             Path(log_dir) / "dgds.log",
-            env={TOKEN_ENV: token},
+            secrets={TOKEN_ENV: token},
         )
         proc.start()
         service = cls(config, f"{config.host}:{port}", proc, token)
