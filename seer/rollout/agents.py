@@ -496,57 +496,43 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
-class _Host:
-    """The driver's side of one agent host process (seer.rollout.agent_host): frames out on a socket
-    that is its stdin and stdout, frames back read by a thread, which checks each (a bounded JSON
-    object of a known shape) and hands it to its session's event loop. A frame that is not, or the
-    socket's end, ends the host: its sessions fail at once and the runner starts another."""
+class _FramedProcess:
+    """A process of the agent's that the driver talks to in frames (a length and a JSON object) on a
+    socket that is its stdin and stdout, read by a thread: the agent host, or a served command agent.
+    Its sessions wait in `pending`; whatever ends the reading (a frame that is not one, the socket's
+    end, an exception) ends the process and fails the sessions it held at once (`_ended`)."""
 
-    def __init__(self, spec: AgentSpec, log: Path, warm: bool = True) -> None:
-        env = agent_inherited(spec.inherit_env)
-        env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
-        env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # Ray's token, out of the agents' sight (seer.procs.contain)
-        if spec.kind == "function":  # the host imports the agent from where the driver resolved it
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    WHAT = "agent process"  # its name in errors and the log
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         self.sock, theirs = socket.socketpair()
         try:
-            with open(log, "ab") as err:  # the host's own errors (its sessions log apart)
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
-                     spec.target if spec.kind == "function" else "-", "warm" if warm else "cold"],
-                    stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err, env=env, start_new_session=True)
+            with open(log, "ab") as err:  # its own errors (a host's sessions log apart)
+                self.proc = subprocess.Popen(argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err, env=env,
+                                             start_new_session=True)
         except BaseException:
             self.sock.close()
             raise
         finally:
             theirs.close()
         self.pending: dict[str, _Pending] = {}
-        self._lock = threading.Lock()  # the pending sessions and the host's state (the reader takes it too)
-        self._write_lock = threading.Lock()  # frames to the host, one at a time
-        self._ready = threading.Event()
-        self._ready_error: str | None = None
+        self._lock = threading.Lock()  # the pending sessions and the process's state (the reader takes it too)
+        self._write_lock = threading.Lock()  # frames to it, one at a time
         self.alive = True
-        self.retired: str | None = None  # why the host forks no more
-        self.failure: str | None = None  # why the host was ended (a frame it should not have sent)
-        self._stop_sent = False
-        self._reader = threading.Thread(target=self._read, name="seer-agent-host", daemon=True)
+
+    def _start_reader(self, name: str) -> None:
+        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
         self._reader.start()
 
-    async def wait_ready(self) -> str | None:
-        """None once the host has imported the agent, else why it cannot run sessions."""
-        if not self._ready.is_set():
-            ok = await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, HOST_START_S)
-            if not ok:
-                return f"the agent host did not start within {HOST_START_S:g} s"
-        return self._ready_error
+    def _can_start(self) -> None:
+        """Raise if no session may start now (under the lock)."""
 
     def start(self, sid: str, data: bytes) -> _Pending:
-        """Send a start frame (`data`, made by the runner); HostRetired when this host forks no more."""
+        """Send a start frame (`data`, made by the runner)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self.retired is not None or self._stop_sent:
-                raise HostRetired(self.retired)
+            self._can_start()
             if sid in self.pending:
                 raise ValueError(f"session {sid!r} is already running")
             p = self.pending[sid] = _Pending(loop, loop.create_future())
@@ -558,25 +544,13 @@ class _Host:
             raise
         return p
 
-    def kill(self, sid: str) -> None:
-        """Kill a session's process group (the host does it; it knows whether it reaped it already)."""
-        try:
-            self._send({"op": "kill", "id": sid})
-        except OSError:
-            pass
-        with self._lock:
-            p = self.pending.pop(sid, None)
-        if p is not None and not self.alive and p.pid is not None:  # nobody reaps it: kill it from here
-            _kill_group(p.pid)
-        self._stop_if_retired()
-
     def _send(self, msg: dict) -> None:
         self._send_bytes(frame(msg, MAX_DRIVER_FRAME_BYTES, allow_nan=True))
 
     def _send_bytes(self, data: bytes) -> None:
         with self._write_lock:
             if not self.alive:
-                raise OSError("the agent host has exited")
+                raise OSError(f"the {self.WHAT} has exited")
             self.sock.sendall(data)
 
     def _read(self) -> None:
@@ -590,12 +564,75 @@ class _Host:
                 for msg in reader.feed(data):
                     self._dispatch(msg)
         except FrameError as e:
-            reason = f"the agent host sent a malformed frame ({e})"
-        except OSError as e:
-            reason = f"reading the agent host failed: {error_line(e)}"
-        except BaseException as e:  # noqa: BLE001 - whatever it was, the host is no longer usable
-            reason = f"reading the agent host failed: {error_line(e)}"
+            reason = f"the {self.WHAT} sent a malformed frame ({e})"
+        except BaseException as e:  # noqa: BLE001 - whatever it was, the process is no longer usable
+            reason = f"reading the {self.WHAT} failed: {error_line(e)}"
         self.alive = False
+        self._ended(reason)
+
+    def _dispatch(self, msg: dict) -> None:
+        raise NotImplementedError
+
+    def _ended(self, reason: str | None) -> None:
+        """After the reading ended (`reason`: why, None at the socket's end): the process is ended
+        and waited for, and its sessions are failed."""
+        raise NotImplementedError
+
+    def _orphans(self) -> list[_Pending]:
+        with self._lock:
+            orphans, self.pending = list(self.pending.values()), {}
+        return orphans
+
+
+class _Host(_FramedProcess):
+    """The driver's side of one agent host process (seer.rollout.agent_host): frames out on a socket
+    that is its stdin and stdout, frames back read by a thread, which checks each (a bounded JSON
+    object of a known shape) and hands it to its session's event loop. A frame that is not, or the
+    socket's end, ends the host: its sessions fail at once and the runner starts another."""
+
+    WHAT = "agent host"
+
+    def __init__(self, spec: AgentSpec, log: Path, warm: bool = True) -> None:
+        env = agent_inherited(spec.inherit_env)
+        env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # the Agents SDK would send traces to OpenAI
+        env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # Ray's token, out of the agents' sight (seer.procs.contain)
+        if spec.kind == "function":  # the host imports the agent from where the driver resolved it
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        super().__init__([sys.executable, "-m", "seer.rollout.agent_host", str(os.getpid()), spec.kind,
+                          spec.target if spec.kind == "function" else "-", "warm" if warm else "cold"], env, log)
+        self._ready = threading.Event()
+        self._ready_error: str | None = None
+        self.retired: str | None = None  # why the host forks no more
+        self.failure: str | None = None  # why the host was ended (a frame it should not have sent)
+        self._stop_sent = False
+        self._start_reader("seer-agent-host")
+
+    async def wait_ready(self) -> str | None:
+        """None once the host has imported the agent, else why it cannot run sessions."""
+        if not self._ready.is_set():
+            ok = await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, HOST_START_S)
+            if not ok:
+                return f"the agent host did not start within {HOST_START_S:g} s"
+        return self._ready_error
+
+    def _can_start(self) -> None:
+        """HostRetired when this host forks no more."""
+        if self.retired is not None or self._stop_sent:
+            raise HostRetired(self.retired)
+
+    def kill(self, sid: str) -> None:
+        """Kill a session's process group (the host does it; it knows whether it reaped it already)."""
+        try:
+            self._send({"op": "kill", "id": sid})
+        except OSError:
+            pass
+        with self._lock:
+            p = self.pending.pop(sid, None)
+        if p is not None and not self.alive and p.pid is not None:  # nobody reaps it: kill it from here
+            _kill_group(p.pid)
+        self._stop_if_retired()
+
+    def _ended(self, reason: str | None) -> None:
         if reason is not None:
             self.failure = reason
             log.warning("%s; the host is ended, its sessions fail, and later sessions go to a new host", reason)
@@ -607,9 +644,7 @@ class _Host:
             self._ready_error = (f"the agent host failed while starting: {reason}" if self.failure else
                                  f"the agent host exited with status {code} while starting") + AgentRunner._quote(self.log)
             self._ready.set()
-        with self._lock:
-            orphans, self.pending = list(self.pending.values()), {}
-        for p in orphans:  # its sessions' processes die with it (PR_SET_PDEATHSIG); their groups too
+        for p in self._orphans():  # its sessions' processes die with it (PR_SET_PDEATHSIG); their groups too
             if p.pid is not None:
                 _kill_group(p.pid)
             p.host_error = reason or "the agent host was stopped"
@@ -685,7 +720,7 @@ class _Host:
         self._reader.join(timeout=10)
         if not self._reader.is_alive():
             self.sock.close()
-class _Server:
+class _Server(_FramedProcess):
     """The driver's side of a served command agent (agent.serve): its process, started once with the
     agent's environment, reads {op: start, id, base_url, api_key, model, record} and {op: cancel, id}
     on its stdin and writes one {id, reward, error} per session on its stdout (frames as the agent
@@ -693,6 +728,7 @@ class _Server:
     that, or its end, ends the process (its group killed): its sessions fail at once, and the next
     session starts another."""
 
+    WHAT = "agent server"
     SHAPE: dict[str, tuple[type, ...]] = {"id": (str,), "reward": (int, float, type(None)), "error": (str, type(None))}
 
     def __init__(self, spec: AgentSpec, log: Path) -> None:
@@ -700,38 +736,9 @@ class _Server:
         env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
         env["SEER_SERVE"] = "1"
         env[HIDE_ENV] = os.pathsep.join(hidden_paths())  # as for the agent host: Ray's token out of sight
-        self.log = log
-        self.sock, theirs = socket.socketpair()
-        try:
-            with open(log, "ab") as err:
-                self.proc = subprocess.Popen(contained_argv(list(spec.argv)), stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=err,
-                                             env=env, start_new_session=True)
-        except BaseException:
-            self.sock.close()
-            raise
-        finally:
-            theirs.close()
-        self.pending: dict[str, _Pending] = {}
-        self._lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        self.alive = True
+        super().__init__(contained_argv(list(spec.argv)), env, log)
         self._stopping = False
-        self._reader = threading.Thread(target=self._read, name="seer-agent-server", daemon=True)
-        self._reader.start()
-
-    def start(self, sid: str, data: bytes) -> _Pending:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if sid in self.pending:
-                raise ValueError(f"session {sid!r} is already running")
-            p = self.pending[sid] = _Pending(loop, loop.create_future())
-        try:
-            self._send_bytes(data)
-        except BaseException:
-            with self._lock:
-                self.pending.pop(sid, None)
-            raise
-        return p
+        self._start_reader("seer-agent-server")
 
     def cancel(self, sid: str) -> None:
         with self._lock:
@@ -741,41 +748,22 @@ class _Server:
         except OSError:
             pass
 
-    def _send_bytes(self, data: bytes) -> None:
-        with self._write_lock:
-            if not self.alive:
-                raise OSError("the agent server has exited")
-            self.sock.sendall(data)
+    def _dispatch(self, msg: dict) -> None:
+        check_shape(msg, self.SHAPE)
+        with self._lock:
+            p = self.pending.pop(msg["id"], None)
+        if p is not None:
+            p.result = (msg["reward"], msg["error"])
+            _settle(p, 0)
 
-    def _read(self) -> None:
-        reader = FrameReader(MAX_HOST_FRAME_BYTES)
-        reason = None
-        try:
-            while True:
-                data = self.sock.recv(1 << 16)
-                if not data:
-                    break
-                for msg in reader.feed(data):
-                    check_shape(msg, self.SHAPE)
-                    with self._lock:
-                        p = self.pending.pop(msg["id"], None)
-                    if p is not None:
-                        p.result = (msg["reward"], msg["error"])
-                        _settle(p, 0)
-        except FrameError as e:
-            reason = f"the agent server sent a malformed frame ({e})"
-        except BaseException as e:  # noqa: BLE001 - whatever it was, the process is no longer usable
-            reason = f"reading the agent server failed: {error_line(e)}"
-        self.alive = False
+    def _ended(self, reason: str | None) -> None:
         if reason is not None:
             log.warning("%s; it is ended, its sessions fail, and later sessions start another", reason)
         _kill_group(self.proc.pid)
         code = self.proc.wait()
         if reason is None:
             reason = "the agent server was stopped" if self._stopping else f"the agent server exited with status {code}"
-        with self._lock:
-            orphans, self.pending = list(self.pending.values()), {}
-        for p in orphans:
+        for p in self._orphans():
             p.host_error = reason
             _settle(p, None)
 
