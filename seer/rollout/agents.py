@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -352,15 +353,8 @@ class AgentRunner:
                 continue
             except Exception as e:  # a host that died
                 return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0, str(log_path), system=True)
-            t0 = time.monotonic()
-            try:
-                done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
-            except BaseException:
-                host.kill(session.session_id)
-                raise
-            wall = time.monotonic() - t0
+            done, wall = await self._wait_exit(pending, lambda: host.kill(session.session_id))
             if not done:
-                host.kill(session.session_id)
                 return AgentOutcome(0.0, self._timeout_error(), wall, str(log_path))
             code = pending.exited.result()
             if pending.refused:
@@ -377,6 +371,19 @@ class AgentRunner:
                                 system=code is None and error is not None)
         return AgentOutcome(0.0, f"the session could not start: {HOST_TRIES} agent hosts refused it", 0.0,
                             str(log_path), system=True)
+
+    async def _wait_exit(self, pending: _Pending, end: Callable[[], None]) -> tuple[bool, float]:
+        """Wait for a session's end, at most agent.timeout_s: (ended, its wall time). A session past
+        its bound, or whose wait is cancelled, is ended (`end`)."""
+        t0 = time.monotonic()
+        try:
+            done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
+        except BaseException:
+            end()
+            raise
+        if not done:
+            end()
+        return bool(done), time.monotonic() - t0
 
     # ---- in one long-lived process of the agent's (agent.serve) ------------------------------------
 
@@ -397,15 +404,8 @@ class AgentRunner:
             pending = server.start(session.session_id, data)
         except Exception as e:  # a record that is not plain JSON data, a server that could not start
             return AgentOutcome(0.0, f"the session could not start: {error_line(e)}", 0.0)
-        t0 = time.monotonic()
-        try:
-            done, _ = await asyncio.wait({pending.exited}, timeout=self.spec.timeout_s)
-        except BaseException:
-            server.cancel(session.session_id)
-            raise
-        wall = time.monotonic() - t0
+        done, wall = await self._wait_exit(pending, lambda: server.cancel(session.session_id))
         if not done:
-            server.cancel(session.session_id)
             return AgentOutcome(0.0, self._timeout_error(), wall)
         reward, error = pending.result
         if pending.exited.result() is None:
