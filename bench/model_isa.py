@@ -46,11 +46,11 @@ def run(code: str, args: list[str], env: dict) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5, help="warm-start steps of each build (the default's cut short)")
+    ap.add_argument("--out", type=Path, required=True, help="where model_isa.json and .md go")
+    a = ap.parse_args(argv)
     builds = {"none": {}, **{k: {k: v} for k, v in ISA_PINS.items()}, "all pins": dict(ISA_PINS),
               "all pins, glibc without AVX-512": {**ISA_PINS, "GLIBC_TUNABLES": GLIBC_NO_AVX512}}
     rows = []
@@ -68,7 +68,7 @@ def main() -> None:
     flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
     import torch
 
-    out = {"command": " ".join(["python -m bench.model_isa", *sys.argv[1:]]), "cpu": cpu, "machine": platform.machine(),
+    out = {"command": " ".join(["python -m bench.model_isa", *(sys.argv[1:] if argv is None else argv)]), "cpu": cpu, "machine": platform.machine(),
            "avx512f": "avx512f" in flags, "torch": torch.__version__, "steps": a.steps, "builds": rows, "mkl_sgemm": mkl}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "model_isa.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -45,6 +45,8 @@ COMMANDS = {
     "routing-capture": ("bench.routing_capture", "MoE routing replay: capture cost per engine step and per token, router disagreement"),
     "failures": ("bench.failures", "record the failure tests' recovery times (real processes; long)"),
     "agent-runner-cost": ("bench.agent_runner_cost", "what containing an agent costs per session: process vs loop mode"),
+    "agent-command-cost": ("bench.agent_command_cost", "a command agent's start per session vs agent.serve"),
+    "model-isa": ("bench.model_isa", "which instruction-set pin changes the default build's weights"),
     "agent-gateway": ("bench.agent_gateway", "the calculator as an Environment vs as a gateway agent"),
     "gateway-call-cost": ("bench.gateway_call_cost", "what one gateway call costs the driver and the agents, without a model"),
 }

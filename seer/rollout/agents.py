@@ -110,7 +110,7 @@ class AgentSpec:
     args: tuple[tuple[str, Any], ...] = ()  # task.agent_args (function agents' extra keywords)
     mode: str = AgentConfig.mode  # agent.mode
     inherit_env: tuple[str, ...] = ()  # agent.inherit_env
-    serve: bool = False  # agent.serve (command agents only)
+    serve: bool = AgentConfig.serve  # agent.serve (command agents only)
 
     @classmethod
     def parse(cls, value: str, timeout_s: float | None, *, args: dict | None = None,
