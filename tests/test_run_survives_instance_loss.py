@@ -112,11 +112,29 @@ def test_run_drops_a_killed_instance_and_finishes(tiny_model, tmp_path, phase):
                     assert time.monotonic() < deadline
                     time.sleep(poll_s)
 
+            if phase == "rollout":
+                # The victim's secret (to ask it what it runs) is read from its memory, which takes
+                # seconds, while iteration 1's rollout takes about one: read it once the instance
+                # serves, with the driver frozen meanwhile so that iteration 0 waits for it.
+                while True:
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the instance never served"
+                    started = _vllm_guards(job.pid)
+                    if len(started) == 2:
+                        os.kill(job.pid, signal.SIGSTOP)
+                        try:
+                            _SECRETS[started[-1]] = instance_secret(started[-1])
+                        finally:
+                            os.kill(job.pid, signal.SIGCONT)
+                        if _SECRETS[started[-1]]:
+                            break
+                    time.sleep(0.2)
             # iteration 0's checkpoint is the last thing written before iteration 1's rollout
             wait_for(run_dir / "checkpoints" / "iter_0000" / "loop_state.json", 0.1)
             guards = _vllm_guards(job.pid)
             assert len(guards) == 2
             if phase == "rollout":  # nothing is generated between the checkpoint and the rollout
+                assert _SECRETS.get(guards[-1]), "the instance's secret was not read before iteration 0 ended"
                 while _running(guards[-1]) == 0:
                     assert job.poll() is None, log.read_text()[-3000:]
                     assert time.monotonic() < deadline, "iteration 1's rollout never reached the instance"
