@@ -5,18 +5,12 @@ and the real scheduler driver, on the scripted engine of tests/multiturn/test_tu
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from seer.rollout.base import RolloutContext, RolloutRequest
-from seer.rollout.multi_turn import multi_turn_rollout
-from seer.scheduler import SchedulerConfig
-from seer.tasks.env import EnvConfig, EnvRunner
-from seer.tasks.reward import RewardRunner
-from seer.types import PromptSpec, SamplingParams
+from seer.tasks.env import EnvConfig
+from seer.types import PromptSpec
 from seer.metrics_log import iteration_record
-from tests.multiturn.test_turns import ScriptedEngine, decode
+from tests.multiturn.test_turns import decode, run_multi_turn
 from tests.test_metrics_fields import undocumented
 
 VOCAB = 200  # the scripted engine's tokens are characters below it
@@ -36,17 +30,8 @@ KEPT = {"np_f32_reward": 0.5, "np_i64_reward": 2.0, "np_ids": 1.0, "fine": 1.0}
 def rollout(on_error: str, max_tokens: int = 60):
     hows = [*BROKEN, *KEPT]
     prompts = [PromptSpec(i, f"p{i}", [100 + i] * 3, {"how": how}) for i, how in enumerate(hows)]
-    env = EnvRunner("tests.multiturn.envs_for_tests:ContractEnv", EnvConfig(on_error=on_error, workers=4),
-                    vocab_size=VOCAB)
-    ctx = RolloutContext([ScriptedEngine("i0"), ScriptedEngine("i1")],
-                         SchedulerConfig(policy="context", chunk_size=4, kv_capacity_tokens=10_000, block_size=1,
-                                         telemetry_interval_s=0.01),
-                         RewardRunner("seer.tasks.env:zero_reward"), env=env, decode=decode,
-                         encode=lambda text: [ord(c) for c in text])
-    try:
-        batch = asyncio.run(multi_turn_rollout(ctx, RolloutRequest(0, prompts, 2, SamplingParams(max_tokens=max_tokens))))
-    finally:
-        env.close()
+    batch = run_multi_turn(EnvConfig(on_error=on_error, workers=4), None, max_tokens,
+                           env="tests.multiturn.envs_for_tests:ContractEnv", prompt_specs=prompts, vocab_size=VOCAB)
     return hows, batch
 
 

@@ -106,22 +106,26 @@ def test_turns_as_chunks_give_generated_plus_observation_ids_and_the_mask():
             assert r.stop == ("</c>",)
 
 
-def run_multi_turn(env_cfg, env_args, max_tokens=60):
+def run_multi_turn(env_cfg, env_args, max_tokens=60, *, env="tests.multiturn.envs_for_tests:ScriptEnv",
+                   prompt_specs=None, vocab_size=None):
+    """A multi-turn rollout of `env` (its runner built from env_cfg and env_args) over two scripted
+    engines, two samples per prompt (`prompt_specs`, default `prompts(2)`)."""
     from seer.rollout.base import RolloutContext, RolloutRequest
     from seer.rollout.multi_turn import multi_turn_rollout
     from seer.tasks.env import EnvRunner
     from seer.tasks.reward import RewardRunner
 
-    env = EnvRunner("tests.multiturn.envs_for_tests:ScriptEnv", env_cfg, env_args)
+    runner = EnvRunner(env, env_cfg, env_args, vocab_size=vocab_size)
     ctx = RolloutContext([ScriptedEngine("i0"), ScriptedEngine("i1")],
                          SchedulerConfig(policy="context", chunk_size=4, kv_capacity_tokens=10_000, block_size=1,
                                          telemetry_interval_s=0.01),
-                         RewardRunner("seer.tasks.env:zero_reward"), env=env, decode=decode,
+                         RewardRunner("seer.tasks.env:zero_reward"), env=runner, decode=decode,
                          encode=lambda text: [ord(c) for c in text])
+    specs = prompts(2) if prompt_specs is None else prompt_specs
     try:
-        return asyncio.run(multi_turn_rollout(ctx, RolloutRequest(0, prompts(2), 2, SamplingParams(max_tokens=max_tokens))))
+        return asyncio.run(multi_turn_rollout(ctx, RolloutRequest(0, specs, 2, SamplingParams(max_tokens=max_tokens))))
     finally:
-        env.close()
+        runner.close()
 
 
 @pytest.mark.timeout(60)
