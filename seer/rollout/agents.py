@@ -578,6 +578,24 @@ class _FramedProcess:
         and waited for, and its sessions are failed."""
         raise NotImplementedError
 
+    def _close(self, timeout_s: float, kill: bool) -> None:
+        """End of input, then `timeout_s` for the process to exit; its group is killed after that, or
+        in any case with `kill` (what it left behind); the socket closes once the reader is done."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill = True
+        if kill:
+            _kill_group(self.proc.pid)
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        if not self._reader.is_alive():
+            self.sock.close()
+
     def _orphans(self) -> list[_Pending]:
         with self._lock:
             orphans, self.pending = list(self.pending.values()), {}
@@ -708,18 +726,7 @@ class _Host(_FramedProcess):
             self._send({"op": "stop"})
         except OSError:
             pass
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc.pid)
-            self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)
-        if not self._reader.is_alive():
-            self.sock.close()
+        self._close(timeout_s, kill=False)
 class _Server(_FramedProcess):
     """The driver's side of a served command agent (agent.serve): its process, started once with the
     agent's environment, reads {op: start, id, base_url, api_key, model, record} and {op: cancel, id}
@@ -770,19 +777,7 @@ class _Server(_FramedProcess):
     def stop(self, timeout_s: float = 10.0) -> None:
         """End of input tells the process to finish; its group is killed after `timeout_s`."""
         self._stopping = True
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _kill_group(self.proc.pid)
-        self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)
-        if not self._reader.is_alive():
-            self.sock.close()
+        self._close(timeout_s, kill=True)
 
 
 def _settle(p: _Pending, code: int | None) -> None:
